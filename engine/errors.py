@@ -1,0 +1,33 @@
+"""Typed errors. Every message says what went wrong and what the user can do about it."""
+
+
+class Qwen3TTSError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class CheckpointError(Qwen3TTSError):
+    """A checkpoint directory is incomplete, inconsistent or of an unknown kind."""
+
+
+class InvalidInputError(Qwen3TTSError, ValueError):
+    """A request argument (text, speaker, language, audio, sampling value) is unusable."""
+
+
+class ModeError(Qwen3TTSError, ValueError):
+    """The requested mode does not exist on this checkpoint (e.g. clone on a CustomVoice model)."""
+
+
+class PromptTooLongError(Qwen3TTSError, ValueError):
+    """The prompt plus the requested frames do not fit the static KV cache."""
+
+
+class VoiceError(Qwen3TTSError, ValueError):
+    """A voice file is not ours, is corrupted, or belongs to another model size or family."""
+
+
+class UnsupportedConfigError(Qwen3TTSError):
+    """An accelerator or device option was forced on where it cannot run."""
+
+
+class GenerationInterrupted(Qwen3TTSError):
+    """The caller's should_stop() asked the decode loop to stop; the engine stays usable."""
