@@ -1,0 +1,120 @@
+"""CPU benchmark: our eager engine against the official qwen-tts 0.1.1 on the same random checkpoints,
+in the same run. Reports ms per frame at B = 1 and B = 4 takes.
+
+    .venv/bin/python bench/cpu_bench.py [--sizes tiny 0.6b] [--frames-tiny 50] [--frames-real 12]
+
+Writes bench/results/cpu.json and bench/results/cpu.md. Decode length is fixed (EOS disabled in the
+checkpoints; upstream gets max_new_tokens = frames + 1, which yields `frames` frames).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import Engine, Request  # noqa: E402
+from engine.checkpoint.writer import write_random_checkpoint  # noqa: E402
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest."
+
+
+def checkpoint(size: str) -> Path:
+    path = ROOT / ".cache" / "bench" / f"random-{size}-custom_voice"
+    if not (path / "RANDOM_WEIGHTS.json").is_file():
+        t = time.perf_counter()
+        write_random_checkpoint(path, size, "custom_voice")
+        print(f"built {size} checkpoint in {time.perf_counter() - t:.1f} s", flush=True)
+    return path
+
+
+def time_ours(path: Path, frames: int, takes: int, repeats: int) -> dict:
+    engine = Engine.load(path, device="cpu", dtype="fp32")
+    req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
+    params = engine.defaults.replace(max_new_tokens=frames)
+    engine.generate(req, takes=takes, params=params.replace(max_new_tokens=2))  # warm-up
+    best = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = engine.generate(req, takes=takes, params=params)
+        wall = time.perf_counter() - t0
+        assert res.codes[0].shape[0] == frames
+        row = {"decode_ms_per_frame": 1000 * res.stats["decode_s"] / frames, "e2e_ms_per_frame": 1000 * wall / frames,
+               "wall_s": wall}
+        if best is None or row["e2e_ms_per_frame"] < best["e2e_ms_per_frame"]:
+            best = row
+    del engine
+    gc.collect()
+    return best
+
+
+def time_official(path: Path, frames: int, repeats: int) -> dict:
+    from tests.oracle import import_qwen_tts
+
+    qwen_tts = import_qwen_tts()
+    model = qwen_tts.Qwen3TTSModel.from_pretrained(str(path), device_map="cpu", dtype=torch.float32)
+    kw = dict(text=TEXT, language="English", speaker="ryan")
+    model.generate_custom_voice(max_new_tokens=3, **kw)  # warm-up
+    best = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        wavs, _ = model.generate_custom_voice(max_new_tokens=frames + 1, **kw)
+        wall = time.perf_counter() - t0
+        assert len(wavs[0]) == frames * 1920
+        row = {"e2e_ms_per_frame": 1000 * wall / frames, "wall_s": wall}
+        if best is None or row["e2e_ms_per_frame"] < best["e2e_ms_per_frame"]:
+            best = row
+    del model
+    gc.collect()
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", nargs="+", default=["tiny", "0.6b"])
+    ap.add_argument("--frames-tiny", type=int, default=50)
+    ap.add_argument("--frames-real", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    for size in args.sizes:
+        path = checkpoint(size)
+        frames = args.frames_tiny if size == "tiny" else args.frames_real
+        official = time_official(path, frames, args.repeats)
+        ours1 = time_ours(path, frames, 1, args.repeats)
+        ours4 = time_ours(path, frames, 4, args.repeats)
+        row = {"size": size, "frames": frames, "official_b1": official, "ours_b1": ours1, "ours_b4": ours4,
+               "speedup_b1": official["e2e_ms_per_frame"] / ours1["e2e_ms_per_frame"],
+               "b4_over_b1": ours4["e2e_ms_per_frame"] / ours1["e2e_ms_per_frame"]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    meta = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "dtype": "fp32", "sampling": "checkpoint defaults (do_sample)",
+            "date": time.strftime("%Y-%m-%d")}
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cpu.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    lines = ["| checkpoint | frames | official B=1 ms/frame | ours B=1 ms/frame (decode only) | ours B=4 ms/frame "
+             "| speed-up B=1 | B=4 / B=1 |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['size']} CustomVoice | {r['frames']} | {r['official_b1']['e2e_ms_per_frame']:.1f} "
+            f"| {r['ours_b1']['e2e_ms_per_frame']:.1f} ({r['ours_b1']['decode_ms_per_frame']:.1f}) "
+            f"| {r['ours_b4']['e2e_ms_per_frame']:.1f} | {r['speedup_b1']:.2f}x | {r['b4_over_b1']:.2f}x |")
+    table = "\n".join(lines)
+    (out / "cpu.md").write_text(f"CPU, {meta['threads']} threads, torch {meta['torch']}, fp32, end-to-end per frame "
+                                f"(prefill + decode + codec), best of {args.repeats}.\n\n{table}\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

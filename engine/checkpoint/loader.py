@@ -1,0 +1,64 @@
+"""Build our modules for a checkpoint directory and load its weights into them.
+
+Modules are created on the meta device (no random init, no memory), materialised empty on the target
+device and then filled from the safetensors files, so loading costs about one read of the weights.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..config import GenerationDefaults, ModelConfig
+from .reader import check_layout, load_state_dict_into
+
+
+def materialize(build, device: torch.device, dtype: torch.dtype, weights: Path, prefix: str):
+    """Construct a module on the meta device, then fill it from the `prefix`-keyed tensors of `weights`."""
+    with torch.device("meta"):
+        module = build()
+    load_state_dict_into(module, weights, prefix, dtype, device)
+    for sub in module.modules():  # non-persistent buffers (RoPE tables...) are rebuilt, not loaded
+        reset = getattr(sub, "reset_buffers", None)
+        if callable(reset):
+            reset(device)
+    left = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    assert not left, f"tensors left unmaterialised after loading: {left[:5]}"
+    return module.eval().requires_grad_(False)
+
+
+def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype) -> dict:
+    from ..codec.config import CodecConfig
+    from ..codec.decoder import CodecDecoder
+    from ..codec.model import SpeechTokenizer
+    from ..model.talker import Talker
+    from ..text_tokenizer import TextTokenizer
+
+    model_dir = Path(model_dir)
+    check_layout(model_dir)
+    cfg = ModelConfig.from_dir(model_dir)
+    defaults = GenerationDefaults.from_dir(model_dir)
+    tokenizer = TextTokenizer.from_dir(model_dir)
+    weights = model_dir / "model.safetensors"
+    talker = materialize(lambda: Talker(cfg.talker), device, dtype, weights, "talker.")
+
+    speaker_encoder = None
+    if cfg.speaker_encoder is not None:
+        from ..model.speaker_encoder import SpeakerEncoder
+
+        speaker_encoder = materialize(lambda: SpeakerEncoder(cfg.speaker_encoder), device, dtype, weights,
+                                      "speaker_encoder.")
+
+    codec_cfg = CodecConfig.from_dir(model_dir)
+    codec_weights = model_dir / "speech_tokenizer" / "model.safetensors"
+    decoder = materialize(lambda: CodecDecoder(codec_cfg.decoder), device, dtype, codec_weights, "decoder.")
+    with torch.device("meta"):
+        codec = SpeechTokenizer(codec_cfg)
+    codec.decoder = decoder
+    if cfg.tts_model_type == "base":  # reference codes are only needed for ICL cloning
+        from ..codec.encoder import MimiEncoder
+
+        codec.encoder = materialize(lambda: MimiEncoder(codec_cfg.encoder, codec_cfg.encoder_valid_num_quantizers),
+                                    device, dtype, codec_weights, "encoder.")
+    return {"config": cfg, "defaults": defaults, "tokenizer": tokenizer, "talker": talker,
+            "speaker_encoder": speaker_encoder, "codec": codec}

@@ -1,0 +1,158 @@
+"""`python -m engine synth ...`: synthesise speech to WAV and print one JSON line of timings."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+MODE_FOR_TYPE = {"custom_voice": "custom", "voice_design": "design", "base": "clone"}
+TYPE_FOR_MODE = {v: k for k, v in MODE_FOR_TYPE.items()}
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "qwen3-tts-fast"
+
+
+def tiny_checkpoint(model_type: str) -> Path:
+    """A tiny random-weight checkpoint (built once, then reused). Its output is noise, not speech."""
+    from .checkpoint.writer import write_random_checkpoint
+
+    path = _cache_dir() / f"random-tiny-{model_type}"
+    if not (path / "RANDOM_WEIGHTS.json").is_file():
+        write_random_checkpoint(path, "tiny", model_type)
+    return path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine", description="Qwen3-TTS-12Hz inference engine")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("synth", help="synthesise speech to WAV")
+    s.add_argument("--model", type=Path, help="checkpoint directory; without it a tiny RANDOM checkpoint is used (noise)")
+    s.add_argument("--mode", choices=["custom", "design", "clone"], help="default: the checkpoint's own mode")
+    s.add_argument("--text", default="Hello from Qwen3-TTS Fast. This is a test of the engine.")
+    s.add_argument("--language", default="auto")
+    s.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the first one)")
+    s.add_argument("--instruct", default=None)
+    s.add_argument("--ref-audio", type=Path, help="reference WAV for clone mode")
+    s.add_argument("--ref-text", default=None, help="transcript of the reference (turns on ICL cloning)")
+    s.add_argument("--xvec-only", action="store_true", help="clone from the speaker embedding only")
+    s.add_argument("--takes", type=int, default=1)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--greedy", action="store_true")
+    s.add_argument("--max-new-tokens", type=int, default=None)
+    s.add_argument("--device", default="auto")
+    s.add_argument("--dtype", default="auto")
+    s.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"])
+    s.add_argument("--triton", default="auto", choices=["auto", "on", "off"])
+    s.add_argument("--out", type=Path, default=Path("out.wav"), help="one file per take: out.wav or out_take<i>.wav")
+    s.add_argument("--codes-out", type=Path, help="write codes as an int array [takes, frames, 16] (.npy)")
+    s.add_argument("--stream", action="store_true", help="stream chunks and report time to first audio")
+    s.add_argument("--chunk-size", type=int, default=8, help="frames per streamed chunk")
+    return p
+
+
+def _reference(args, engine):
+    """The reference audio for clone mode: the user's file, or a labelled synthetic one on random weights."""
+    import numpy as np
+
+    from . import audio
+
+    if args.ref_audio is not None:
+        return audio.load_wav(args.ref_audio)
+    t = np.arange(3 * 24000) / 24000.0
+    tone = 0.3 * np.sin(2 * np.pi * (150 + 50 * np.sin(2 * np.pi * 0.5 * t)) * t)
+    print("note: no --ref-audio given; using a synthetic 3 s tone as the reference", file=sys.stderr)
+    return tone.astype(np.float32)[None], 24000
+
+
+def synth(args) -> dict:
+    import numpy as np
+    import torch
+
+    from . import audio
+    from .engine import Engine
+    from .prompt import Request
+
+    random_weights = args.model is None
+    model_type = TYPE_FOR_MODE[args.mode or "custom"]
+    model_dir = tiny_checkpoint(model_type) if random_weights else args.model
+    if random_weights:
+        print(f"note: no --model given; using a tiny RANDOM-weight {model_type} checkpoint at {model_dir}. "
+              "The audio is noise, not speech.", file=sys.stderr)
+    t_load = time.perf_counter()
+    engine = Engine.load(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
+                         triton=args.triton, max_takes=max(16, args.takes))
+    load_s = time.perf_counter() - t_load
+    mode = args.mode or MODE_FOR_TYPE[engine.model_type]
+    params = engine.defaults
+    if args.greedy:
+        params = params.greedy()
+    max_new = args.max_new_tokens or (64 if random_weights else None)
+    if max_new is not None:
+        params = params.replace(max_new_tokens=max_new, min_new_tokens=min(params.min_new_tokens, max_new))
+    voice = None
+    if mode == "clone":
+        wav, sr = _reference(args, engine)
+        ref_text = None if args.xvec_only else (args.ref_text or ("This is the reference." if random_weights else None))
+        voice = engine.extract_voice(wav, sr, ref_text=ref_text)
+    speaker = args.speaker or (engine.speakers[0] if mode == "custom" and engine.speakers else None)
+    instruct = args.instruct if args.instruct is not None else ("A calm, clear voice." if mode == "design" else None)
+    req = Request(mode=mode, text=args.text, language=args.language, speaker=speaker, instruct=instruct, voice=voice)
+
+    t0 = time.perf_counter()
+    ttfa = None
+    if args.stream:
+        pieces, codes = [], []
+        for chunk in engine.stream(req, takes=args.takes, seed=args.seed, params=params, chunk_frames=args.chunk_size):
+            if ttfa is None:
+                ttfa = chunk.elapsed_s
+            pieces.append(chunk)
+        lengths = [sum(c.valid[i] for c in pieces) for i in range(args.takes)]
+        full = torch.cat([c.audio for c in pieces], 1)
+        audio_rows = [full[i, :n] for i, n in enumerate(lengths)]
+        codes_all = torch.cat([c.codes for c in pieces], 1)
+        frames = [n // 1920 for n in lengths]
+        codes = [codes_all[i, :f] for i, f in enumerate(frames)]
+    else:
+        res = engine.generate(req, takes=args.takes, seed=args.seed, params=params)
+        audio_rows = [res.audio[i, :n] for i, n in enumerate(res.lengths)]
+        codes = res.codes
+    wall = time.perf_counter() - t0
+
+    outs = []
+    for i, row in enumerate(audio_rows):
+        path = args.out if args.takes == 1 else args.out.with_name(f"{args.out.stem}_take{i}{args.out.suffix}")
+        audio.save_wav(path, row.numpy(), 24000)
+        outs.append(str(path))
+    if args.codes_out is not None:
+        frames = max(c.shape[0] for c in codes)
+        arr = np.zeros((len(codes), frames, 16), dtype=np.int64)
+        for i, c in enumerate(codes):
+            arr[i, : c.shape[0]] = c.numpy()
+        np.save(args.codes_out, arr)
+    audio_s = sum(r.numel() for r in audio_rows) / 24000.0
+    frames_total = max(c.shape[0] for c in codes)
+    return {
+        "frames": frames_total, "takes": args.takes, "audio_s": round(audio_s, 3), "wall_s": round(wall, 3),
+        "rtf": round(audio_s / wall, 3) if wall > 0 else None,
+        "ms_per_frame": round(1000 * wall / max(frames_total, 1), 2),
+        "ttfa_s": round(ttfa, 4) if ttfa is not None else None, "load_s": round(load_s, 2),
+        "mode": mode, "engine": engine.info.summary(), "random_weights": random_weights, "outputs": outs,
+    }
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    from .errors import Qwen3TTSError
+
+    try:
+        result = synth(args)
+    except Qwen3TTSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0

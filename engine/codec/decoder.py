@@ -1,0 +1,393 @@
+"""The 12 Hz codec decoder: 16 codebooks per frame -> 24 kHz waveform, 1920 samples per frame.
+
+Pipeline (QWEN3_TTS_FACTS.md §8): split residual VQ lookup -> causal conv -> sliding-window transformer
+-> 2 x (causal transposed conv + ConvNeXt) -> causal conv -> 4 waveform blocks (SnakeBeta, causal
+transposed conv, 3 dilated residual units) -> SnakeBeta -> causal conv -> clamp to [-1, 1].
+
+Every stage is causal, so each module takes an optional `DecodeState`. Without one, a module sees the
+whole sequence with zero left padding. With one, it prepends what it kept from the previous chunk
+(conv input tails, transposed-conv overlap, the transformer's K/V of the last `sliding_window - 1`
+frames and the absolute frame position) and keeps what the next chunk will need. A fresh state is all
+zeros, which is exactly the one-pass zero padding, so one-pass and chunked decoding run the same code.
+
+Module and parameter names equal the official decoder's, so the `decoder.*` tensors of
+speech_tokenizer/model.safetensors load with `load_state_dict(strict=True)`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import InvalidInputError
+from .config import DecoderConfig
+
+
+class DecodeState:
+    """What a chunked decode carries from one chunk to the next (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.tails: dict[nn.Module, torch.Tensor] = {}  # conv input tails, keyed by module
+        self.kv: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}  # attention K/V, keyed by module
+        self.frames = 0  # frames already decoded = absolute position of the next frame
+
+
+def _with_tail(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState | None) -> torch.Tensor:
+    """Prepend `keep` samples of left context (zeros at the start) and remember the new last `keep`."""
+    if keep == 0:
+        return x
+    if state is None:
+        return F.pad(x, (keep, 0))
+    tail = state.tails.get(module)
+    if tail is None:
+        tail = x.new_zeros(x.shape[0], x.shape[1], keep)
+    x = torch.cat([tail, x], dim=-1)
+    state.tails[module] = x[..., x.shape[-1] - keep:]
+    return x
+
+
+# ----------------------------------------------------------------------------------------------------
+# Convolutions and activations
+# ----------------------------------------------------------------------------------------------------
+class CausalConv1d(nn.Module):
+    """Stride-1 conv that sees only the present and the past: (kernel - 1) * dilation zeros on the left."""
+
+    def __init__(self, in_ch: int, out_ch: int, kernel_size: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(in_ch, out_ch, kernel_size, dilation=dilation, groups=groups)
+        self.left = (kernel_size - 1) * dilation
+
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        return self.conv(_with_tail(self, x, self.left, state))
+
+
+class CausalConvTranspose1d(nn.Module):
+    """Transposed conv (upsample by `stride`) whose overhang past the last input is cut off.
+
+    Output block n (samples n*stride .. n*stride+stride-1) depends on inputs n, n-1, ...,
+    n - (kernel-1)//stride only, so chunks need that many previous inputs as context.
+    """
+
+    def __init__(self, in_ch: int, out_ch: int, kernel_size: int, stride: int):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(in_ch, out_ch, kernel_size, stride=stride)
+        self.stride = stride
+        self.context = (kernel_size - 1) // stride
+
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        n = x.shape[-1]
+        if state is None:
+            return self.conv(x)[..., : n * self.stride]
+        x = _with_tail(self, x, self.context, state)
+        start = self.context * self.stride
+        return self.conv(x)[..., start: start + n * self.stride]
+
+
+class SnakeBeta(nn.Module):
+    """x + sin²(x·e^α) / (e^β + 1e-9), with α and β stored on a log scale (per channel)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        freq = self.alpha.exp()[None, :, None]
+        inv_mag = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
+        return x + inv_mag * torch.sin(x * freq).pow(2)
+
+
+class ConvNeXtBlock(nn.Module):
+    """Depthwise causal conv (k=7) -> LayerNorm -> 4x MLP with GELU -> γ-scaled residual."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        h = self.dwconv(x, state).transpose(1, 2)
+        h = self.pwconv2(self.act(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    """SnakeBeta -> dilated causal conv (k=7) -> SnakeBeta -> 1x1 conv, plus the input."""
+
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), state)), state)
+
+
+class WaveBlock(nn.Module):
+    """SnakeBeta -> causal transposed conv (halves channels, upsamples by `rate`) -> residual units 1, 3, 9."""
+
+    def __init__(self, in_dim: int, out_dim: int, rate: int):
+        super().__init__()
+        units = [ResidualUnit(out_dim, d) for d in (1, 3, 9)]
+        self.block = nn.ModuleList([SnakeBeta(in_dim), CausalConvTranspose1d(in_dim, out_dim, 2 * rate, rate), *units])
+
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        for layer in self.block:
+            x = layer(x, state)
+        return x
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sliding-window transformer
+# ----------------------------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + turned * sin
+
+
+class SlidingAttention(nn.Module):
+    """Causal self-attention in which frame i sees frames i - window + 1 .. i (RoPE, no q/k norm)."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        h, d, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=bias)
+        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.window = cfg.sliding_window
+
+    def forward(self, x, cos, sin, first: int, state: DecodeState | None = None) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if state is not None:
+            past = state.kv.get(self)
+            if past is not None:
+                k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            keep = min(self.window - 1, k.shape[2])
+            state.kv[self] = (k[:, :, k.shape[2] - keep:], v[:, :, v.shape[2] - keep:])
+        if self.kv_heads != self.heads:
+            rep = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        qpos = torch.arange(first, first + n, device=x.device)[:, None]
+        kpos = torch.arange(first + n - k.shape[2], first + n, device=x.device)[None, :]
+        mask = (kpos <= qpos) & (kpos > qpos - self.window)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.self_attn = SlidingAttention(cfg)
+        self.mlp = GatedMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+
+    def forward(self, x, cos, sin, first: int, state: DecodeState | None = None) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, first, state))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class SlidingTransformer(nn.Module):
+    """latent -> hidden projection, pre-norm layers with layer scale, final norm, hidden -> latent."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+        self.cfg = cfg
+        self.register_buffer("inv_freq", self._frequencies(), persistent=False)
+
+    def _frequencies(self) -> torch.Tensor:
+        exponents = torch.arange(0, self.cfg.head_dim, 2, dtype=torch.int64).float() / self.cfg.head_dim
+        return 1.0 / (self.cfg.rope_theta ** exponents)
+
+    def reset_buffers(self, device) -> None:
+        """Recompute the non-persistent RoPE frequencies (not stored in checkpoints, e.g. after meta init)."""
+        self.inv_freq = self._frequencies().to(device)
+
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        """x [B, T, latent] -> [B, T, latent]; positions continue from state.frames when chunked."""
+        first = state.frames if state is not None else 0
+        h = self.input_proj(x)
+        pos = torch.arange(first, first + h.shape[1], device=h.device, dtype=torch.float32)
+        angles = pos[:, None] * self.inv_freq.float()[None, :]
+        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = angles.cos().to(h.dtype), angles.sin().to(h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, first, state)
+        return self.output_proj(self.norm(h))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Split residual vector quantizer (decode side only)
+# ----------------------------------------------------------------------------------------------------
+class Codebook(nn.Module):
+    """Codebook stored as running sums: vector = embedding_sum / max(cluster_usage, 1e-5)."""
+
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def lookup(self, codes: torch.Tensor) -> torch.Tensor:
+        table = self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+        return F.embedding(codes, table)
+
+
+class _CodebookSlot(nn.Module):
+    """Holds one codebook under the name `_codebook` (the official nesting)."""
+
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self._codebook = Codebook(size, dim)
+
+
+class _CodebookList(nn.Module):
+    def __init__(self, count: int, size: int, dim: int):
+        super().__init__()
+        self.layers = nn.ModuleList([_CodebookSlot(size, dim) for _ in range(count)])
+
+
+class ResidualGroup(nn.Module):
+    """A run of residual codebooks summed in a narrow space, then projected out (1x1 conv, no bias).
+
+    `input_proj` serves only the encoder side; it is kept so the checkpoint's keys load strictly.
+    """
+
+    def __init__(self, count: int, size: int, dim: int, io_dim: int):
+        super().__init__()
+        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
+        self.vq = _CodebookList(count, size, dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, K, T] -> [B, io_dim, T]."""
+        total = None
+        for i, slot in enumerate(self.vq.layers):
+            vec = slot._codebook.lookup(codes[:, i])
+            total = vec if total is None else total + vec
+        return self.output_proj(total.transpose(1, 2))
+
+
+class SplitQuantizer(nn.Module):
+    """Codebook 0 (semantic) and codebooks 1..15 (acoustic) decoded separately, then added."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        dim, n_sem = cfg.codebook_dim // 2, cfg.num_semantic_quantizers
+        self.n_semantic = n_sem
+        self.rvq_first = ResidualGroup(n_sem, cfg.codebook_size, dim, cfg.codebook_dim)
+        self.rvq_rest = ResidualGroup(cfg.num_quantizers - n_sem, cfg.codebook_size, dim, cfg.codebook_dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, 16, T] -> [B, codebook_dim, T]."""
+        return self.rvq_first.decode(codes[:, : self.n_semantic]) + self.rvq_rest.decode(codes[:, self.n_semantic:])
+
+
+# ----------------------------------------------------------------------------------------------------
+# The decoder
+# ----------------------------------------------------------------------------------------------------
+class CodecDecoder(nn.Module):
+    """codes [B, num_quantizers, T] (0..codebook_size-1) -> waveform [B, T * samples_per_frame] in [-1, 1]."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.samples_per_frame = cfg.samples_per_frame
+        self.quantizer = SplitQuantizer(cfg)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.pre_transformer = SlidingTransformer(cfg)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalConvTranspose1d(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
+            for r in cfg.upsampling_ratios
+        )
+        stages: list[nn.Module] = [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
+        for i, rate in enumerate(cfg.upsample_rates):
+            stages.append(WaveBlock(cfg.decoder_dim >> i, cfg.decoder_dim >> (i + 1), rate))
+        out_dim = cfg.decoder_dim >> len(cfg.upsample_rates)
+        stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
+        self.decoder = nn.ModuleList(stages)
+
+    def check_codes(self, codes: torch.Tensor) -> None:
+        """Raise InvalidInputError unless codes is an integer tensor [B, num_quantizers, T>=1] in range."""
+        q, size = self.cfg.num_quantizers, self.cfg.codebook_size
+        if not isinstance(codes, torch.Tensor) or codes.dtype.is_floating_point or codes.dtype.is_complex \
+                or codes.dtype == torch.bool:
+            got = codes.dtype if isinstance(codes, torch.Tensor) else type(codes).__name__
+            raise InvalidInputError(f"codec codes must be an integer tensor (torch.long), got {got}.")
+        if codes.dim() != 3 or codes.shape[1] != q or codes.shape[0] < 1 or codes.shape[2] < 1:
+            raise InvalidInputError(
+                f"codec decoder expects codes of shape [batch, {q}, frames] with batch, frames >= 1; "
+                f"got {list(codes.shape)}."
+            )
+        lo, hi = int(codes.min()), int(codes.max())
+        if lo < 0 or hi >= size:
+            raise InvalidInputError(
+                f"codec codes must lie in 0..{size - 1}; got values from {lo} to {hi}. Pad frames (-1) and "
+                "control tokens (>= 2048) must be removed before decoding."
+            )
+
+    def forward(self, codes: torch.Tensor, state: DecodeState | None = None, check: bool = True) -> torch.Tensor:
+        """Decode codes [B, Q, T]. With `state`, this call continues the previous chunk exactly."""
+        if check:
+            self.check_codes(codes)
+        codes = codes.long()
+        h = self.pre_conv(self.quantizer.decode(codes), state)
+        h = self.pre_transformer(h.transpose(1, 2), state).transpose(1, 2)
+        if state is not None:
+            state.frames += codes.shape[-1]
+        for stage in self.upsample:
+            for layer in stage:
+                h = layer(h, state)
+        for layer in self.decoder:
+            h = layer(h, state)
+        return h.clamp(-1.0, 1.0).squeeze(1)

@@ -1,0 +1,322 @@
+"""The Engine: a loaded checkpoint plus everything needed to turn requests into audio."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from .config import SAMPLES_PER_FRAME, SAMPLE_RATE, ModelConfig
+from .decode import EagerFrames, collect, decode_frames
+from .errors import InvalidInputError, ModeError, PromptTooLongError, UnsupportedConfigError
+from .prompt import Prompt, PromptBuilder, Request
+from .sampling import SamplingParams
+from .voice import Voice
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SWITCHES = ("auto", "on", "off")
+
+
+@dataclass
+class EngineInfo:
+    model_dir: str
+    model_type: str
+    model_size: str
+    device: str
+    dtype: str
+    cuda_graphs: bool = False
+    kernels: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def summary(self) -> str:
+        graphs = "on" if self.cuda_graphs else "off"
+        kern = ", ".join(self.kernels) if self.kernels else "none"
+        return f"{self.model_type} {self.model_size} on {self.device} ({self.dtype}); CUDA graphs {graphs}; kernels {kern}"
+
+
+@dataclass
+class Result:
+    audio: torch.Tensor  # [takes, T_max] float32 CPU, zero-padded
+    lengths: list  # samples per take
+    codes: list  # LongTensor [frames_i, 16] per take
+    sample_rate: int = SAMPLE_RATE
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class AudioChunk:
+    audio: torch.Tensor  # [takes, k * 1920] float32 CPU; rows that ended are zero past `valid`
+    valid: list  # real samples per take in this chunk
+    codes: torch.Tensor  # [takes, k, 16]
+    index: int
+    elapsed_s: float
+    final: bool
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UnsupportedConfigError("device 'cuda' was requested but no CUDA GPU is available; use device 'cpu'.")
+    if dev.type not in ("cpu", "cuda"):
+        raise UnsupportedConfigError(f"device '{device}' is not supported; use 'cpu' or 'cuda'.")
+    return dev
+
+
+def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise UnsupportedConfigError(f"dtype '{dtype}' is not supported; use one of auto, {', '.join(DTYPES)}.")
+    return DTYPES[dtype]
+
+
+class Engine:
+    """Load once, then generate(), stream() and extract_voice() as often as needed."""
+
+    def __init__(self, *, model_dir, cfg, defaults, tokenizer, talker, speaker_encoder, codec, device, dtype,
+                 info, max_takes, max_seq_len):
+        self.model_dir, self.cfg, self.tokenizer = Path(model_dir), cfg, tokenizer
+        self.talker, self.speaker_encoder, self.codec = talker, speaker_encoder, codec
+        self.device, self.dtype, self.info = device, dtype, info
+        self.max_takes, self.max_seq_len = max_takes, max_seq_len
+        self.defaults = SamplingParams.from_defaults(defaults)
+        self.builder = PromptBuilder(cfg, talker, tokenizer)
+        self.runner = EagerFrames(talker)
+
+    # -- loading -------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, model_dir, device="auto", dtype="auto", cuda_graphs="auto", triton="auto",
+             max_takes: int = 16, max_seq_len: int = 4096) -> "Engine":
+        from .checkpoint.loader import load_components
+
+        for name, value in (("cuda_graphs", cuda_graphs), ("triton", triton)):
+            if value not in SWITCHES:
+                raise UnsupportedConfigError(f"{name} must be one of {', '.join(SWITCHES)} (got '{value}').")
+        if not 1 <= max_takes <= 16:
+            raise InvalidInputError(f"max_takes must be between 1 and 16 (got {max_takes}).")
+        dev = _resolve_device(device)
+        dt = _resolve_dtype(dtype, dev)
+        if triton == "on":
+            raise UnsupportedConfigError(
+                "Triton kernels were forced on, but this build has none yet; set the option to auto or off.")
+        if cuda_graphs == "on" and dev.type != "cuda":
+            raise UnsupportedConfigError("CUDA graphs need a CUDA device; set cuda_graphs to auto or off, or use device cuda.")
+        notes = []
+        if triton == "auto":
+            notes.append("Triton kernels: off (none in this build)")
+        t0 = time.perf_counter()
+        parts = load_components(Path(model_dir), dev, dt)
+        cfg: ModelConfig = parts["config"]
+        info = EngineInfo(model_dir=str(model_dir), model_type=cfg.tts_model_type, model_size=cfg.tts_model_size,
+                          device=str(dev), dtype=str(dt).replace("torch.", ""), notes=notes)
+        engine = cls(model_dir=model_dir, cfg=cfg, defaults=parts["defaults"], tokenizer=parts["tokenizer"],
+                     talker=parts["talker"], speaker_encoder=parts["speaker_encoder"], codec=parts["codec"],
+                     device=dev, dtype=dt, info=info, max_takes=max_takes, max_seq_len=max_seq_len)
+        if dev.type == "cuda" and cuda_graphs != "off":
+            engine._enable_graphs(forced=cuda_graphs == "on")
+        elif cuda_graphs == "auto":
+            notes.append("CUDA graphs: off (CPU)")
+        log.info("loaded %s in %.1f s: %s", model_dir, time.perf_counter() - t0, info.summary())
+        return engine
+
+    def _enable_graphs(self, forced: bool) -> None:
+        """Switch to whole-frame CUDA graphs, proving capture works on a short warm-up request."""
+        from .gpu.frame_graph import GraphedFrames, batch_bucket
+
+        graphed = GraphedFrames(self.talker, self.max_seq_len)
+        eager = self.runner
+        self.runner = graphed
+        try:
+            batch_bucket(self.max_takes)
+            self._warmup()
+        except Exception as exc:  # capture failed: say so once and keep running eagerly
+            self.runner = eager
+            graphed.release()
+            if forced:
+                raise UnsupportedConfigError(f"CUDA graph capture failed ({type(exc).__name__}: {exc}).") from exc
+            msg = f"CUDA graphs: capture failed ({type(exc).__name__}: {exc}); running eagerly"
+            log.warning(msg)
+            self.info.notes.append(msg)
+            return
+        self.info.cuda_graphs = True
+        self.info.notes.append(f"CUDA graphs: on (warm-up capture {graphed.capture_seconds:.2f} s)")
+
+    def _warmup(self) -> None:
+        mode = {"custom_voice": "custom", "voice_design": "design", "base": "clone"}[self.cfg.tts_model_type]
+        if mode == "clone":
+            voice = Voice(spk_embedding=torch.zeros(self.cfg.embedding_width, dtype=self.dtype),
+                          model_size=self.cfg.tts_model_size)
+            req = Request(mode=mode, text="Warm up.", voice=voice)
+        else:
+            req = Request(mode=mode, text="Warm up.", speaker=(self.speakers or [None])[0], instruct="")
+        prompt, params, max_frames = self._prepare(req, 1, self.defaults.replace(max_new_tokens=2))
+        for _ in self._frames(prompt, 1, 0, params, max_frames, 0, 0, None, None):
+            pass
+
+    # -- properties ----------------------------------------------------------------------------
+
+    @property
+    def model_type(self) -> str:
+        return self.cfg.tts_model_type
+
+    @property
+    def speakers(self) -> list:
+        return self.cfg.supported_speakers
+
+    @property
+    def languages(self) -> list:
+        return self.cfg.supported_languages
+
+    @property
+    def sample_rate(self) -> int:
+        return SAMPLE_RATE
+
+    # -- synthesis -----------------------------------------------------------------------------
+
+    def _prepare(self, req: Request, takes: int, params: SamplingParams | None):
+        if not 1 <= int(takes) <= self.max_takes:
+            raise InvalidInputError(f"takes must be between 1 and {self.max_takes} (got {takes}).")
+        params = (params or self.defaults).validate()
+        if req.mode == "clone" and req.voice is not None:
+            req.voice.check_compatible(self.cfg)
+        prompt = self.builder.build(req)
+        length = prompt.prefill.shape[1]
+        room = self.max_seq_len - length
+        if room < 1:
+            raise PromptTooLongError(
+                f"the prompt is {length} tokens but the cache holds {self.max_seq_len}. Shorten the text "
+                "(or the reference audio for ICL voices), or load the model with a larger max_seq_len."
+            )
+        max_frames = min(params.max_new_tokens, room)
+        return prompt, params, max_frames
+
+    def _frames(self, prompt: Prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
+                on_progress, timings=None):
+        return decode_frames(self.runner, prompt, takes=takes, seed=seed, params=params, max_frames=max_frames,
+                             eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, take_offset=take_offset,
+                             should_stop=should_stop, on_frames=on_progress, timings=timings)
+
+    @torch.inference_mode()
+    def generate(self, req: Request, takes: int = 1, seed: int = 0, params: SamplingParams | None = None,
+                 on_progress: Callable[[int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None, take_offset: int = 0,
+                 progress_every: int = 4) -> Result:
+        """Synthesise `takes` takes of one request. Take i draws from stream (seed, take_offset + i)."""
+        t0 = time.perf_counter()
+        prompt, params, max_frames = self._prepare(req, takes, params)
+        timings = {}
+        chunks = self._frames(prompt, takes, seed, params, max_frames, progress_every, take_offset, should_stop,
+                              on_progress, timings)
+        codes, lengths = collect(chunks)
+        t_decode = time.perf_counter()
+        audio = self._codes_to_audio(codes, lengths, prompt.ref_codes)
+        wall = time.perf_counter() - t0
+        frames = codes.shape[1]
+        samples = [n * SAMPLES_PER_FRAME for n in lengths]
+        stats = {"frames": frames, "prompt_tokens": prompt.prefill.shape[1], "frames_per_take": lengths,
+                 "prefill_s": timings.get("prefill_s", 0.0), "decode_s": t_decode - t0, "codec_s": wall - (t_decode - t0), "wall_s": wall,
+                 "audio_s": max(samples) / SAMPLE_RATE if samples else 0.0, "notes": prompt.notes}
+        return Result(audio=audio, lengths=samples,
+                      codes=[codes[i, :n].cpu() for i, n in enumerate(lengths)], stats=stats)
+
+    @torch.inference_mode()
+    def stream(self, req: Request, takes: int = 1, seed: int = 0, params: SamplingParams | None = None,
+               chunk_frames: int = 8, on_progress=None, should_stop=None, take_offset: int = 0
+               ) -> Iterator[AudioChunk]:
+        """Yield audio chunk by chunk; the concatenation equals generate() with the same arguments."""
+        from .codec.streaming import StreamingDecoder
+
+        if chunk_frames < 1:
+            raise InvalidInputError(f"chunk_frames must be at least 1 (got {chunk_frames}).")
+        t0 = time.perf_counter()
+        prompt, params, max_frames = self._prepare(req, takes, params)
+        decoder = StreamingDecoder(self.codec, batch=takes)
+        if prompt.ref_codes is not None:  # ICL: the reference codes are left context, never emitted
+            decoder.push(prompt.ref_codes[None].expand(takes, -1, -1).to(self.device))
+        chunks = self._frames(prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
+                              on_progress)
+        for i, chunk in enumerate(chunks):
+            codes = chunk.codes.masked_fill(~chunk.valid[..., None], 0)
+            wav = decoder.push(codes).float()
+            valid = (chunk.valid.sum(1) * SAMPLES_PER_FRAME).tolist()
+            mask = torch.arange(wav.shape[1], device=wav.device)[None] < torch.tensor(valid, device=wav.device)[:, None]
+            wav = (wav * mask).cpu()
+            yield AudioChunk(audio=wav, valid=[int(v) for v in valid], codes=chunk.codes.cpu(), index=i,
+                             elapsed_s=time.perf_counter() - t0, final=chunk.done)
+
+    def _codes_to_audio(self, codes: torch.Tensor, lengths: list, ref_codes: torch.Tensor | None) -> torch.Tensor:
+        """Decode [B, T, 16] codes; frames past a take's end are zeroed first (the codec is causal, so
+        they cannot change earlier samples) and their samples dropped."""
+        takes, frames = codes.shape[0], codes.shape[1]
+        keep = torch.arange(frames, device=codes.device)[None] < torch.tensor(lengths, device=codes.device)[:, None]
+        codes = codes.masked_fill(~keep[..., None], 0)
+        ref = 0
+        if ref_codes is not None:
+            ref = ref_codes.shape[0]
+            codes = torch.cat([ref_codes[None].expand(takes, -1, -1).to(codes.device), codes], 1)
+        wav = self.codec.decode(codes).float()[:, ref * SAMPLES_PER_FRAME:]
+        out = torch.zeros(takes, max(lengths, default=0) * SAMPLES_PER_FRAME)
+        for i, n in enumerate(lengths):
+            out[i, : n * SAMPLES_PER_FRAME] = wav[i, : n * SAMPLES_PER_FRAME].cpu()
+        return out
+
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Decode [frames, 16] or [B, frames, 16] codes to float32 CPU audio."""
+        with torch.inference_mode():
+            batch = codes[None] if codes.dim() == 2 else codes
+            return self.codec.decode(batch.to(self.device)).float().cpu()
+
+    # -- voices --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def extract_voice(self, waveform, sample_rate: int, ref_text: str | None = None) -> Voice:
+        """Speaker embedding (and, with ref_text, ICL reference codes) from any mono or multi-channel audio."""
+        from . import audio
+
+        if self.speaker_encoder is None:
+            raise ModeError(
+                f"this is a {self.cfg.tts_model_type} checkpoint; only Base checkpoints can extract voices. "
+                "Load a Qwen3-TTS-12Hz Base model for voice cloning."
+            )
+        wav = audio.to_mono(waveform)
+        audio.validate_reference(wav, sample_rate)
+        wav24 = audio.resample(torch.as_tensor(wav, dtype=torch.float32), int(sample_rate), SAMPLE_RATE)
+        emb = self.speaker_encoder.embed(wav24)
+        codes = None
+        text = None
+        if ref_text is not None and ref_text.strip():
+            text = ref_text.strip()
+            codes = self.codec.encoder.encode(wav24[None].to(self.device))[0].cpu()
+        return Voice(spk_embedding=emb.detach().cpu(), model_size=self.cfg.tts_model_size, ref_codes=codes,
+                     ref_text=text)
+
+    def check_voice(self, voice: Voice) -> None:
+        voice.check_compatible(self.cfg)
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Free device memory: graphs and caches are dropped and weights move to the CPU (load the engine
+        again to run on the GPU)."""
+        release_graphs = getattr(self.runner, "release", None)
+        if callable(release_graphs):
+            release_graphs()
+        from .decode import EagerFrames
+
+        self.runner = EagerFrames(self.talker)
+        self.info.cuda_graphs = False
+        for m in (self.talker, self.speaker_encoder, self.codec):
+            if m is not None:
+                m.to("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.device = torch.device("cpu")
+        self.info.device = "cpu (released)"

@@ -1,0 +1,228 @@
+"""A whole frame as one CUDA graph: talker sampling, the 15 code-predictor steps with their sampling,
+the next input's embedding sum and the talker step.
+
+Graphs are keyed by (batch bucket, attention window) and share one memory pool. Everything a frame
+reads or writes lives in static buffers owned by `FrameState` (one per batch bucket): the talker hidden
+state, the position and frame counters, the per-take stream keys, the repetition-penalty mask, the
+finished flags, the sampling settings and the trailing text. Replaying never syncs the host; the
+decode loop reads the finished flags once per chunk.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .. import sampling
+from ..decode import prefill, trailing_table
+from . import graph_sampling
+from .fused_layers import FusedStack
+
+log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16)
+WINDOW_STEP = 256  # attention windows are multiples of this many positions
+
+
+def batch_bucket(takes: int) -> int:
+    for b in BATCH_BUCKETS:
+        if b >= takes:
+            return b
+    raise ValueError(f"at most {BATCH_BUCKETS[-1]} takes fit a graph bucket (got {takes})")
+
+
+class FrameState:
+    """Static buffers of one batch bucket; a captured graph reads and writes exactly these."""
+
+    def __init__(self, talker, batch: int, max_len: int, trailing_rows: int):
+        w = talker.codec_head.weight
+        dev, dt = w.device, w.dtype
+        vocab, hidden = w.shape
+        self.batch, self.max_len = batch, max_len
+        self.cache = talker.new_cache(batch, max_len)
+        self.pred_cache = talker.code_predictor.new_cache(batch)
+        self.hidden = torch.zeros(batch, hidden, device=dev, dtype=dt)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.t = torch.zeros(1, dtype=torch.long, device=dev)
+        self.keys = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=dev)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.frame = torch.zeros(batch, 16, dtype=torch.long, device=dev)
+        self.valid = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.trailing = torch.zeros(trailing_rows, hidden, device=dev, dtype=dt)
+        self.trailing_last = torch.zeros(1, dtype=torch.long, device=dev)
+        groups = talker.cfg.num_code_groups  # predictor positions 0..15, the same every frame
+        self.pred_pos = [torch.tensor([j], device=dev) for j in range(groups)]
+        self.pred_bias = [torch.where(torch.arange(groups, device=dev) <= j, 0.0, float("-inf")).to(dt)
+                          for j in range(groups)]
+        self.pred_rope = None  # filled by GraphedFrames (needs the predictor's rotary tables)
+        self.banned = torch.zeros(vocab, dtype=torch.bool, device=dev)
+        self.eos_mask = torch.zeros(vocab, dtype=torch.bool, device=dev)
+        f32 = dict(device=dev, dtype=torch.float32)
+        self.p = {  # sampling settings, 0-d device tensors
+            "do_sample": torch.zeros((), dtype=torch.bool, device=dev), "temperature": torch.ones((), **f32),
+            "top_k": torch.zeros((), dtype=torch.long, device=dev), "top_p": torch.ones((), **f32),
+            "penalty": torch.ones((), **f32), "min_new": torch.zeros((), dtype=torch.long, device=dev),
+            "sub_do_sample": torch.zeros((), dtype=torch.bool, device=dev), "sub_temperature": torch.ones((), **f32),
+            "sub_top_k": torch.zeros((), dtype=torch.long, device=dev), "sub_top_p": torch.ones((), **f32),
+        }
+        self.first = {}  # bool [B, V], column 0 set: top-p always keeps the most likely id
+        for width in (vocab, talker.code_predictor.cfg.predictor.vocab_size):
+            self.first[width] = torch.zeros(batch, width, dtype=torch.bool, device=dev)
+            self.first[width][:, 0] = True
+
+    def small_state(self) -> list:
+        return [self.hidden, self.pos, self.t, self.seen, self.finished, self.frame, self.valid]
+
+    def set_params(self, params, eos_id: int) -> None:
+        p = self.p
+        for name, value in (("do_sample", params.do_sample), ("temperature", params.temperature),
+                            ("top_k", graph_sampling.kth_index(params.top_k, self.banned.shape[0])),
+                            ("top_p", params.top_p),
+                            ("penalty", params.repetition_penalty), ("min_new", params.min_new_tokens),
+                            ("sub_do_sample", params.subtalker_dosample),
+                            ("sub_temperature", params.subtalker_temperature),
+                            ("sub_top_k", graph_sampling.kth_index(params.subtalker_top_k, 2048)),
+                            ("sub_top_p", params.subtalker_top_p)):
+            p[name].fill_(value)
+        self.banned.copy_(sampling.control_mask(self.banned.shape[0], eos_id, self.banned.device))
+        self.eos_mask.zero_()
+        self.eos_mask[eos_id] = True
+        self.eos_id = eos_id
+
+
+def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_embed, choose) -> torch.Tensor:
+    """Codebooks 1..15: the two-token prefill as in the eager predictor, then 14 fused single-token steps."""
+    pred = talker.code_predictor
+    x = torch.stack((s.hidden, c0_embed), dim=1)
+    code = choose(pred.step_logits(x, s.pred_cache, 0, 0).float(), 1)
+    codes = [code]
+    for j in range(2, pred.num_groups + 1):
+        x = pred.small_to_mtp_projection(pred.model.codec_embedding[j - 2](code)[:, None])
+        h = fused.step(x, s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j])
+        code = choose(pred.lm_head[j - 1](h[:, -1]).float(), j)
+        codes.append(code)
+    return torch.stack(codes, dim=1)
+
+
+def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
+    """One frame over the static buffers of `s` (the graph captures exactly this)."""
+    p = s.p
+    pred = talker.code_predictor
+    logits = talker.codec_logits(s.hidden).float()
+    hit = torch.where(logits > 0, logits / p["penalty"], logits * p["penalty"])
+    logits = torch.where(s.seen, hit, logits)
+    mask = s.banned | (s.eos_mask & (s.t < p["min_new"]))
+    logits = logits.masked_fill(mask, float("-inf"))
+    vocab = logits.shape[-1]
+    u = sampling.frame_uniforms(s.keys, s.t, 16, vocab)  # every draw of this frame at once
+    c0 = graph_sampling.choose(logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"], u[:, 0],
+                               s.first[vocab])
+    s.seen.scatter_(1, c0[:, None], True)
+    s.finished |= c0 == s.eos_id
+
+    def choose_residual(lg, j):
+        width = lg.shape[-1]
+        return graph_sampling.choose(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
+                                     u[:, j, :width], s.first[width])
+
+    c0_embed = talker.embed_codec(c0)
+    rest = predict_residuals(talker, fused["predictor"], s, c0_embed, choose_residual)
+    s.frame.copy_(torch.cat([c0[:, None], rest], 1))
+    s.valid.copy_(~s.finished)
+    x = pred.residual_embedding_sum(rest, c0_embed)
+    x = x + s.trailing.index_select(0, torch.minimum(s.t, s.trailing_last))
+    bias = torch.where(torch.arange(window, device=x.device) <= s.pos, 0.0, float("-inf")).to(x.dtype)
+    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias)[:, 0])
+    s.pos.add_(1)
+    s.t.add_(1)
+
+
+class GraphedFrames:
+    """Frame runner (see engine.decode) that replays captured whole-frame graphs."""
+
+    def __init__(self, talker, max_seq_len: int, trailing_rows: int = 4096, capture: bool = True):
+        self.talker = talker
+        self.fused = {"talker": FusedStack(talker.model), "predictor": FusedStack(talker.code_predictor.model)}
+        self.max_seq_len = max_seq_len
+        self.trailing_rows = trailing_rows
+        self.capture_enabled = capture
+        self.states: dict[int, FrameState] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.capture_seconds = 0.0
+
+    @property
+    def finished(self) -> torch.Tensor:
+        return self.s.finished[: self.takes]
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.states.clear()
+        self.pool = None
+
+    def _window(self, position: int) -> int:
+        return min(self.max_seq_len, (position // WINDOW_STEP + 1) * WINDOW_STEP)
+
+    def start(self, prompt, *, takes, seed, params, max_frames, eos_id, take_offset=0) -> None:
+        bucket = batch_bucket(takes)
+        if bucket not in self.states:
+            state = FrameState(self.talker, bucket, self.max_seq_len, self.trailing_rows)
+            dtype = state.hidden.dtype
+            state.pred_rope = [self.fused["predictor"].rope(p, dtype) for p in state.pred_pos]
+            self.states[bucket] = state
+        s = self.s = self.states[bucket]
+        self.takes = takes
+        length = prompt.prefill.shape[1]
+        if length + max_frames > self.max_seq_len:
+            raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
+        trailing = trailing_table(prompt)
+        if trailing.shape[0] > s.trailing.shape[0]:
+            raise ValueError("trailing text longer than the graph's table")
+        hidden = prefill(self.talker, prompt, bucket, s.cache)
+        s.hidden.copy_(hidden)
+        s.pos.fill_(length)
+        s.t.fill_(0)
+        keys = sampling.take_keys(seed, range(take_offset, take_offset + bucket), s.keys.device)
+        s.keys.copy_(keys)
+        s.seen.zero_()
+        s.finished.zero_()
+        s.finished[takes:] = True  # padding rows of the bucket never count as unfinished
+        s.trailing[: trailing.shape[0]].copy_(trailing)
+        s.trailing_last.fill_(trailing.shape[0] - 1)
+        s.set_params(params, eos_id)
+        self.position = length
+
+    def _graph(self, window: int) -> torch.cuda.CUDAGraph | None:
+        key = (self.s.batch, window)
+        if key not in self.graphs:
+            import time
+
+            t0 = time.perf_counter()
+            s = self.s
+            saved = [x.clone() for x in s.small_state()]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    frame_body(self.talker, self.fused, s, window)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                frame_body(self.talker, self.fused, s, window)
+            if self.pool is None:
+                self.pool = graph.pool()
+            for dst, src in zip(s.small_state(), saved):  # warm-up steps must not advance the real state
+                dst.copy_(src)
+            self.graphs[key] = graph
+            self.capture_seconds += time.perf_counter() - t0
+        return self.graphs[key]
+
+    def next_frame(self, t: int):
+        window = self._window(self.position)
+        if self.capture_enabled:
+            self._graph(window).replay()
+        else:
+            frame_body(self.talker, self.fused, self.s, window)
+        self.position += 1
+        return self.s.frame[: self.takes].clone(), self.s.valid[: self.takes].clone()

@@ -1,0 +1,1 @@
+"""Talker, code predictor and their shared layers (state-dict keys equal the official ones)."""

@@ -1,0 +1,197 @@
+"""Prompt building: a request becomes prefill embeddings plus the text fed alongside each decode step.
+
+The layouts follow the official package (QWEN3_TTS_FACTS.md §6). Templates are tokenized whole and
+then sliced by position, exactly as upstream does, so the first text token and the role tokens match.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import ModelConfig
+from .errors import InvalidInputError, ModeError
+
+log = logging.getLogger(__name__)
+
+MODES = ("custom", "design", "clone")
+MODE_OF_MODEL = {"custom_voice": "custom", "voice_design": "design", "base": "clone"}
+NODE_OF_MODE = {"custom": "CustomVoice", "design": "VoiceDesign", "clone": "VoiceClone"}
+DEFAULT_NON_STREAMING = {"custom": True, "design": True, "clone": False}
+
+
+@dataclass
+class Request:
+    """One line of speech to synthesise. `voice` is an engine.voice.Voice (clone mode only)."""
+
+    mode: str
+    text: str
+    language: str | None = "auto"
+    speaker: str | None = None
+    instruct: str | None = None
+    voice: object | None = None
+    non_streaming_mode: bool | None = None
+    icl: bool | None = None  # clone only: None uses ICL when the voice carries reference codes
+
+
+@dataclass
+class Prompt:
+    prefill: torch.Tensor  # [1, L, H]
+    trailing: torch.Tensor  # [T, H]: added to the decode input of step t while t < T, else pad
+    pad_embed: torch.Tensor  # [H]
+    ref_codes: torch.Tensor | None = None  # [R, 16] ICL reference codes (decoded as left context)
+    notes: list = field(default_factory=list)
+
+
+def _template(text: str) -> str:
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _ref_template(text: str) -> str:
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n"
+
+
+def _instruct_template(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n"
+
+
+def resolve_language(cfg: ModelConfig, language: str | None, speaker: str | None) -> int | None:
+    """Codec language id, or None for auto. Dialect speakers turn chinese/auto into their dialect."""
+    lang = (language or "auto").strip().lower()
+    if lang not in cfg.supported_languages:
+        raise InvalidInputError(
+            f"unknown language '{language}'. Choose one of: {', '.join(x.capitalize() for x in cfg.supported_languages)}."
+        )
+    lang_id = None if lang == "auto" else cfg.talker.language_ids[lang]
+    if speaker and lang in ("chinese", "auto"):
+        dialect = cfg.talker.speaker_dialect.get(speaker.lower(), False)
+        if dialect:
+            lang_id = cfg.talker.language_ids[dialect]
+    return lang_id
+
+
+def check_mode(cfg: ModelConfig, mode: str) -> None:
+    if mode not in MODES:
+        raise InvalidInputError(f"unknown mode '{mode}'; use one of {', '.join(MODES)}.")
+    native = MODE_OF_MODEL[cfg.tts_model_type]
+    if mode != native:
+        raise ModeError(
+            f"this is a {cfg.tts_model_type} checkpoint, which cannot do '{mode}'. "
+            f"Use the {NODE_OF_MODE[native]} node (mode '{native}') with it, or load a "
+            f"{ {'custom': 'CustomVoice', 'design': 'VoiceDesign', 'clone': 'Base'}[mode] } checkpoint."
+        )
+
+
+class PromptBuilder:
+    """Builds prompts for one loaded model. `talker` provides embed_text / embed_codec and the
+    code predictor's residual embeddings; `tokenizer` provides encode(str) -> list[int]."""
+
+    def __init__(self, cfg: ModelConfig, talker, tokenizer):
+        self.cfg, self.talker, self.tok = cfg, talker, tokenizer
+
+    def _ids(self, text: str) -> torch.Tensor:
+        dev = self.talker.model.codec_embedding.weight.device
+        return torch.tensor(self.tok.encode(text), dtype=torch.long, device=dev)
+
+    def _codec(self, ids) -> torch.Tensor:
+        dev = self.talker.model.codec_embedding.weight.device
+        return self.talker.embed_codec(torch.as_tensor(ids, dtype=torch.long, device=dev))
+
+    def frame_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
+        """Sum of the 16 codebook embeddings of each frame, [R, 16] -> [R, H]."""
+        codes = codes.to(self.talker.model.codec_embedding.weight.device)
+        return self.talker.code_predictor.residual_embedding_sum(codes[:, 1:], self.talker.embed_codec(codes[:, 0]))
+
+    @torch.inference_mode()
+    def build(self, req: Request) -> Prompt:
+        cfg, tc = self.cfg, self.cfg.talker
+        check_mode(cfg, req.mode)
+        text = req.text if isinstance(req.text, str) else ""
+        if not text.strip():
+            raise InvalidInputError("the text is empty; type the words to speak.")
+        notes = []
+
+        speaker = None
+        if req.mode == "custom":
+            if not req.speaker or req.speaker.strip().lower() not in tc.speaker_ids:
+                raise InvalidInputError(
+                    f"unknown speaker '{req.speaker}'. Choose one of: {', '.join(cfg.supported_speakers)}."
+                )
+            speaker = req.speaker.strip().lower()
+        lang_id = resolve_language(cfg, req.language, speaker)
+
+        instruct = (req.instruct or "").strip() if req.mode in ("custom", "design") else ""
+        if instruct and cfg.instruct_ignored:
+            msg = "instruct is ignored by the 0.6B CustomVoice model (as upstream); use a 1.7B CustomVoice model to honour it."
+            log.warning(msg)
+            notes.append(msg)
+            instruct = ""
+
+        pad, bos, eos = self.talker.embed_text(
+            torch.tensor([cfg.tts_pad_token_id, cfg.tts_bos_token_id, cfg.tts_eos_token_id],
+                         device=self.talker.model.codec_embedding.weight.device)
+        ).unbind(0)
+
+        # Codec prefix: think tags (+ language), optional speaker slot, then pad and bos.
+        tags = ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if lang_id is None
+                else [tc.codec_think_id, tc.codec_think_bos_id, lang_id, tc.codec_think_eos_id])
+        parts = [self._codec(tags)]
+        voice = req.voice if req.mode == "clone" else None
+        if req.mode == "clone":
+            if voice is None:
+                raise InvalidInputError("voice clone needs a voice: extract one from reference audio first.")
+            parts.append(voice.spk_embedding.to(parts[0].device, parts[0].dtype).view(1, -1))
+        elif speaker is not None:
+            parts.append(self._codec([tc.speaker_ids[speaker]]))
+        parts.append(self._codec([tc.codec_pad_id, tc.codec_bos_id]))
+        codec_prefix = torch.cat(parts, 0)  # [n, H]
+        n = codec_prefix.shape[0]
+
+        ids = self._ids(_template(text))
+        if ids.numel() < 9:
+            raise InvalidInputError("the text produced no tokens; type the words to speak.")
+        role = self.talker.embed_text(ids[:3])
+        text_ids = ids[3:-5]
+        head = torch.cat([pad.expand(n - 2, -1), bos[None]], 0) + codec_prefix[:-1]
+        seq = [role, head]
+        if instruct:
+            seq.insert(0, self.talker.embed_text(self._ids(_instruct_template(instruct))))
+
+        use_icl = False
+        if voice is not None:
+            has_codes = getattr(voice, "ref_codes", None) is not None
+            use_icl = has_codes if req.icl is None else bool(req.icl)
+            if use_icl and not has_codes:
+                raise InvalidInputError("ICL cloning needs a voice extracted with its reference text; "
+                                        "re-extract the voice with ref_text, or switch ICL off.")
+        non_streaming = DEFAULT_NON_STREAMING[req.mode] if req.non_streaming_mode is None else bool(req.non_streaming_mode)
+
+        ref_codes = None
+        if use_icl:
+            ref_codes = voice.ref_codes.to(torch.long)
+            ref_ids = self._ids(_ref_template(voice.ref_text))[3:-2]
+            text_embed = torch.cat([self.talker.embed_text(torch.cat([ref_ids, text_ids])), eos[None]], 0)
+            codec_embed = torch.cat([self._codec([tc.codec_bos_id]), self.frame_embeddings(ref_codes)], 0)
+            if non_streaming:
+                seq.append(text_embed + self._codec([tc.codec_pad_id] * text_embed.shape[0]))
+                seq.append(codec_embed + pad)
+                trailing = pad[None]
+            elif text_embed.shape[0] > codec_embed.shape[0]:
+                seq.append(text_embed[: codec_embed.shape[0]] + codec_embed)
+                trailing = text_embed[codec_embed.shape[0]:]
+            else:
+                fill = pad.expand(codec_embed.shape[0] - text_embed.shape[0], -1)
+                seq.append(torch.cat([text_embed, fill], 0) + codec_embed)
+                trailing = pad[None]
+        elif non_streaming:
+            body = torch.cat([self.talker.embed_text(text_ids), eos[None]], 0)
+            seq.append(body + self._codec([tc.codec_pad_id] * body.shape[0]))
+            seq.append((pad + self._codec([tc.codec_bos_id])[0])[None])
+            trailing = pad[None]
+        else:
+            seq.append(self.talker.embed_text(text_ids[:1]) + codec_prefix[-1:])
+            trailing = torch.cat([self.talker.embed_text(text_ids[1:]), eos[None]], 0)
+
+        prefill = torch.cat(seq, 0)[None]
+        return Prompt(prefill=prefill, trailing=trailing, pad_embed=pad, ref_codes=ref_codes, notes=notes)

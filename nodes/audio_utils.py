@@ -1,0 +1,168 @@
+"""AUDIO and take helpers (no ComfyUI imports; torch only).
+
+ComfyUI's AUDIO is `{"waveform": float32 [B, C, T], "sample_rate": int}`. Our generators put N takes in
+the batch, zero-padded to the longest, and carry every take's real length under `LENGTHS_KEY`, so that
+PickTake and the web players can trim the padding. Nodes that rebuild the dict drop the key; then every
+take is taken at full length.
+
+Long text is generated as several segments; `join_segments` (whole takes) and `StreamJoiner` (streamed
+chunks of one take) join them identically: a short raised-cosine fade at each inner boundary plus a
+short silence, so segment joins never click. The concatenation of everything `StreamJoiner` emits is
+bit-identical to `join_segments` on the same segments.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+LENGTHS_KEY = "qwen3tts_lengths"
+SAMPLE_RATE = 24000
+FADE_S = 0.005
+GAP_S = 0.12
+
+
+def make_audio(waveform: torch.Tensor, lengths: list[int], sample_rate: int = SAMPLE_RATE) -> dict:
+    """[N, T] (or [T]) float audio + per-take lengths -> AUDIO dict with waveform [N, 1, T] on the CPU."""
+    if waveform.dim() == 1:
+        waveform = waveform.unsqueeze(0)
+    if waveform.dim() != 2:
+        raise ValueError(f"expected [takes, samples], got shape {tuple(waveform.shape)}")
+    n, t = waveform.shape
+    lengths = [int(x) for x in lengths]
+    if len(lengths) != n or any(x < 0 or x > t for x in lengths):
+        raise ValueError(f"lengths {lengths} do not fit a batch of {n} takes x {t} samples")
+    wav = waveform.detach().to("cpu", torch.float32).clone()
+    for i, n_i in enumerate(lengths):
+        wav[i, n_i:] = 0.0
+    return {"waveform": wav.unsqueeze(1).contiguous(), "sample_rate": int(sample_rate), LENGTHS_KEY: lengths}
+
+
+def take_lengths(audio: dict) -> list[int]:
+    """Real length of every take; the full length when the dict carries no (consistent) lengths."""
+    wav = audio["waveform"]
+    n, t = wav.shape[0], wav.shape[-1]
+    lengths = audio.get(LENGTHS_KEY)
+    if isinstance(lengths, (list, tuple)) and len(lengths) == n and all(0 <= int(x) <= t for x in lengths):
+        return [int(x) for x in lengths]
+    return [t] * n
+
+
+def pick_take(audio: dict, index: int) -> dict:
+    """One take of a batch as its own AUDIO [1, C, length], padding trimmed."""
+    wav = audio["waveform"]
+    n = wav.shape[0]
+    if not 0 <= index < n:
+        raise IndexError(f"take index {index} is out of range: the batch has {n} take(s), indices 0..{n - 1}")
+    length = take_lengths(audio)[index]
+    return {"waveform": wav[index:index + 1, :, :length].clone(), "sample_rate": audio["sample_rate"],
+            LENGTHS_KEY: [length]}
+
+
+def batch_item(audio: dict, index: int) -> torch.Tensor:
+    """Batch item `index` of an AUDIO as [C, T] (trimmed to its take length when known)."""
+    wav = audio["waveform"]
+    if wav.dim() != 3:
+        raise ValueError(f"AUDIO waveform must be [batch, channels, samples], got {tuple(wav.shape)}")
+    if not 0 <= index < wav.shape[0]:
+        raise IndexError(f"batch_index {index} is out of range: the AUDIO holds {wav.shape[0]} item(s)")
+    return wav[index, :, : take_lengths(audio)[index]]
+
+
+def _ramp_up(n: int) -> torch.Tensor:
+    j = torch.arange(n, dtype=torch.float64)
+    return (0.5 - 0.5 * torch.cos(math.pi * (j + 0.5) / n)).to(torch.float32)
+
+
+class _Fades:
+    def __init__(self, sample_rate: int, fade_s: float, gap_s: float):
+        self.f = max(1, round(sample_rate * fade_s))
+        self.gap = round(sample_rate * gap_s)
+        self.up = _ramp_up(self.f)
+        self.down = self.up.flip(0)
+
+    def fade_in(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """Multiply positions [start, start+len) of a segment by the fade-in ramp where it applies."""
+        if start >= self.f or x.numel() == 0:
+            return x
+        m = min(self.f - start, x.numel())
+        x = x.clone()
+        x[:m] = x[:m] * self.up[start:start + m]
+        return x
+
+    def fade_out(self, tail: torch.Tensor) -> torch.Tensor:
+        """`tail` is the last min(F, L) samples of a segment."""
+        m = tail.numel()
+        return tail * self.down[self.f - m:] if m else tail
+
+
+def join_segments(segments: list[tuple[torch.Tensor, list[int]]], sample_rate: int = SAMPLE_RATE,
+                  fade_s: float = FADE_S, gap_s: float = GAP_S) -> tuple[torch.Tensor, list[int]]:
+    """Join per-segment batches ([N, T_k] audio, per-take lengths) into one [N, T] batch + lengths."""
+    if not segments:
+        raise ValueError("nothing to join")
+    if len(segments) == 1:
+        wav, lengths = segments[0]
+        return wav, list(lengths)
+    fades = _Fades(sample_rate, fade_s, gap_s)
+    n = segments[0][0].shape[0]
+    takes = []
+    last = len(segments) - 1
+    for i in range(n):
+        parts = []
+        for k, (wav, lengths) in enumerate(segments):
+            x = wav[i, : lengths[i]].to(torch.float32)
+            if k > 0:
+                x = fades.fade_in(x, 0)
+            if k < last:
+                m = min(fades.f, x.numel())
+                x = torch.cat([x[: x.numel() - m], fades.fade_out(x[x.numel() - m:]), torch.zeros(fades.gap)])
+            parts.append(x)
+        takes.append(torch.cat(parts))
+    lengths = [t.numel() for t in takes]
+    out = torch.zeros(n, max(lengths))
+    for i, t in enumerate(takes):
+        out[i, : t.numel()] = t
+    return out, lengths
+
+
+class StreamJoiner:
+    """Streaming twin of `join_segments` for one take: push chunks, get pieces ready to send.
+
+    Holds back only the last fade length (5 ms) of the current segment so it can fade it out when the
+    segment turns out to be finished.
+    """
+
+    def __init__(self, n_segments: int, sample_rate: int = SAMPLE_RATE, fade_s: float = FADE_S,
+                 gap_s: float = GAP_S):
+        self.n = n_segments
+        self.fades = _Fades(sample_rate, fade_s, gap_s)
+        self.k = 0  # current segment
+        self.pos = 0  # samples of the current segment received so far
+        self.hold = torch.zeros(0)
+
+    def push(self, samples: torch.Tensor) -> torch.Tensor:
+        x = samples.reshape(-1).to(torch.float32)
+        if self.n == 1:
+            return x
+        if self.k > 0:
+            x = self.fades.fade_in(x, self.pos)
+        self.pos += x.numel()
+        buf = torch.cat([self.hold, x])
+        keep = min(self.fades.f, buf.numel())
+        self.hold = buf[buf.numel() - keep:]
+        return buf[: buf.numel() - keep]
+
+    def end_segment(self) -> torch.Tensor:
+        """Close the current segment; returns its held tail (faded, plus the gap unless it was the last)."""
+        if self.n == 1:
+            self.k += 1
+            return torch.zeros(0)
+        tail = self.hold
+        self.hold = torch.zeros(0)
+        self.pos = 0
+        last = self.k >= self.n - 1
+        self.k += 1
+        if last:
+            return tail
+        return torch.cat([self.fades.fade_out(tail), torch.zeros(self.fades.gap)])

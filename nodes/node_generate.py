@@ -1,0 +1,107 @@
+"""The three generator nodes: VoiceClone, CustomVoice, VoiceDesign (AUDIO [takes, 1, T] at 24 kHz)."""
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from . import common
+from .runner import Job
+from .types import CATEGORY, PREFIX, Qwen3TTSVoice
+
+AUDIO_OUT = "Takes as one batch [takes, 1, samples] at 24 kHz, zero-padded; each take's real length travels " \
+            "with it so PickTake trims the padding."
+
+
+def _outputs():
+    return [io.Audio.Output(display_name="audio", tooltip=AUDIO_OUT)]
+
+
+def _common_tail():
+    return [common.language_input(), common.seed_input(), common.takes_input(), *common.advanced_inputs()]
+
+
+def _validate(text, language) -> bool | str:
+    for check in (common.check_text(text), common.check_combo("language", language, common.LANGUAGES)):
+        if check is not True:
+            return check
+    return True
+
+
+class VoiceClone(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=PREFIX + "VoiceClone", display_name="Qwen3-TTS Voice Clone", category=CATEGORY,
+            description="Speaks the text in a cloned voice (a VOICE from ExtractSpeakerEmbedding or LoadVoice). "
+                        "Needs a Base checkpoint. A voice with reference text clones in ICL mode, otherwise "
+                        "from the x-vector only. Outputs N takes as one AUDIO batch.",
+            inputs=[common.model_input(),
+                    Qwen3TTSVoice.Input("voice", tooltip="The voice to clone (ExtractSpeakerEmbedding or LoadVoice)."),
+                    common.text_input(), *_common_tail()],
+            outputs=_outputs())
+
+    @classmethod
+    def validate_inputs(cls, text, language) -> bool | str:
+        return _validate(text, language)
+
+    @classmethod
+    def execute(cls, model, voice, text, language, seed, takes, **adv) -> io.NodeOutput:
+        common.require_type("VoiceClone", model, "base")
+        return io.NodeOutput(Job("VoiceClone", model, "clone", text, language, voice=voice, seed=seed, takes=takes,
+                                 **adv).generate())
+
+
+class CustomVoice(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=PREFIX + "CustomVoice", display_name="Qwen3-TTS Custom Voice", category=CATEGORY,
+            description="Speaks the text with one of the preset speakers of a CustomVoice checkpoint, "
+                        "optionally steered by an instruction (1.7B only; the 0.6B model ignores it). "
+                        "Outputs N takes as one AUDIO batch.",
+            inputs=[common.model_input(), common.text_input(),
+                    io.Combo.Input("speaker", options=common.SPEAKERS, default="Vivian",
+                                   tooltip="Preset speaker of the CustomVoice checkpoint."),
+                    io.String.Input("instruct", multiline=True, default="", optional=True,
+                                    tooltip="Optional style instruction, e.g. 'Speak slowly and warmly.' "
+                                            "Ignored by the 0.6B CustomVoice model."),
+                    *_common_tail()],
+            outputs=_outputs())
+
+    @classmethod
+    def validate_inputs(cls, text, language, speaker) -> bool | str:
+        ok = _validate(text, language)
+        return ok if ok is not True else common.check_combo("speaker", speaker, common.SPEAKERS)
+
+    @classmethod
+    def execute(cls, model, text, speaker, language, seed, takes, instruct="", **adv) -> io.NodeOutput:
+        common.require_type("CustomVoice", model, "custom_voice")
+        if model.speakers and speaker.lower() not in {s.lower() for s in model.speakers}:
+            raise ValueError(f"CustomVoice: speaker {speaker!r} is not in this checkpoint "
+                             f"(it has: {', '.join(model.speakers)})")
+        return io.NodeOutput(Job("CustomVoice", model, "custom", text, language, speaker=speaker.lower(),
+                                 instruct=instruct, seed=seed, takes=takes, **adv).generate())
+
+
+class VoiceDesign(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=PREFIX + "VoiceDesign", display_name="Qwen3-TTS Voice Design", category=CATEGORY,
+            description="Speaks the text in a voice described in words (VoiceDesign checkpoint). "
+                        "Outputs N takes as one AUDIO batch.",
+            inputs=[common.model_input(), common.text_input(),
+                    io.String.Input("instruct", multiline=True,
+                                    default="A calm, warm female voice with a slight smile.",
+                                    tooltip="Describe the voice: gender, age, timbre, mood, pace, accent."),
+                    *_common_tail()],
+            outputs=_outputs())
+
+    @classmethod
+    def validate_inputs(cls, text, language) -> bool | str:
+        return _validate(text, language)
+
+    @classmethod
+    def execute(cls, model, text, instruct, language, seed, takes, **adv) -> io.NodeOutput:
+        common.require_type("VoiceDesign", model, "voice_design")
+        return io.NodeOutput(Job("VoiceDesign", model, "design", text, language, instruct=instruct, seed=seed,
+                                 takes=takes, **adv).generate())

@@ -1,0 +1,102 @@
+"""LoadQwen3TTS: pick (or explicitly download) a checkpoint directory and load the engine."""
+from __future__ import annotations
+
+import json
+import os
+
+from comfy_api.latest import io
+
+from . import comfy_paths, engine_cache, paths
+from .common import MAX_TAKES, check_combo
+from .types import CATEGORY, PREFIX, Qwen3TTSModel
+
+DTYPES = ["auto", "bf16", "fp16", "fp32"]
+SWITCH = ["auto", "on", "off"]
+NO_DOWNLOAD = "no (use checkpoint)"
+NONE_FOUND = "(no checkpoint found - see tooltip)"
+
+
+def _describe(engine, name: str) -> str:
+    info = engine.info
+    kernels = ", ".join(info.kernels) if info.kernels else "none"
+    lines = [f"{name}: {info.model_type} {info.model_size}",
+             f"device {info.device}, dtype {info.dtype}, CUDA graphs {'on' if info.cuda_graphs else 'off'}",
+             f"kernels: {kernels}"]
+    lines += [f"note: {n}" for n in info.notes]
+    return "\n".join(lines)
+
+
+class LoadQwen3TTS(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        names = comfy_paths.checkpoint_names() or [NONE_FOUND]
+        return io.Schema(
+            node_id=PREFIX + "LoadQwen3TTS",
+            display_name="Load Qwen3-TTS Model",
+            category=CATEGORY,
+            description="Loads a Qwen3-TTS-12Hz checkpoint directory (Base, CustomVoice or VoiceDesign) from "
+                        "models/qwen3_tts/ or the folders other Qwen3-TTS packs use, and shows what actually "
+                        "runs: device, dtype, CUDA graphs and kernels. The engine stays cached and is freed "
+                        "by ComfyUI's 'Unload models'.",
+            inputs=[
+                io.Combo.Input("checkpoint", options=names, default=names[0],
+                               tooltip="A checkpoint DIRECTORY (with config.json) under models/qwen3_tts/, "
+                                       "models/Qwen3-TTS, models/qwen-tts, models/TTS/Qwen3-TTS, "
+                                       "models/TTS/qwen3_tts, models/tts/Qwen3TTS or extra_model_paths.yaml "
+                                       "key qwen3_tts."),
+                io.Combo.Input("dtype", options=DTYPES, default="auto",
+                               tooltip="Weight precision. auto: bf16 on a GPU that supports it, else fp32."),
+                io.Combo.Input("cuda_graphs", options=SWITCH, default="auto",
+                               tooltip="Capture the decode step as CUDA graphs (GPU only). auto: on where "
+                                       "possible; on: error if impossible; off: never."),
+                io.Combo.Input("triton", options=SWITCH, default="auto",
+                               tooltip="Fused Triton kernels (GPU only). auto: use when available; on: error "
+                                       "if unavailable; off: plain PyTorch."),
+                io.Int.Input("max_takes", default=4, min=1, max=MAX_TAKES,
+                             tooltip="Largest number of takes generated at once; reserves cache memory "
+                                     "for that many parallel takes."),
+                io.Combo.Input("download", options=[NO_DOWNLOAD, *paths.OFFICIAL_REPOS], default=NO_DOWNLOAD,
+                               optional=True,
+                               tooltip="Only when set: fetch this official repo with huggingface_hub into "
+                                       "models/qwen3_tts/<repo name> (if not already there) and load it "
+                                       "instead of 'checkpoint'."),
+            ],
+            outputs=[
+                Qwen3TTSModel.Output(display_name="model", tooltip="The loaded model for the generator nodes."),
+                io.String.Output(display_name="info", tooltip="What actually runs: device, dtype, graphs, kernels."),
+            ],
+        )
+
+    @classmethod
+    def validate_inputs(cls, checkpoint, dtype, cuda_graphs, triton, download=NO_DOWNLOAD) -> bool | str:
+        for name, value, options in (("dtype", dtype, DTYPES), ("cuda_graphs", cuda_graphs, SWITCH),
+                                     ("triton", triton, SWITCH),
+                                     ("download", download, [NO_DOWNLOAD, *paths.OFFICIAL_REPOS])):
+            ok = check_combo(name, value, options)
+            if ok is not True:
+                return ok
+        if download in (None, NO_DOWNLOAD) and checkpoint not in comfy_paths.checkpoints():
+            return (f"checkpoint {checkpoint!r} not found. Put the checkpoint directory (with config.json) in "
+                    f"{comfy_paths.own_dir()}, or choose a repo under 'download'.")
+        return True
+
+    @classmethod
+    def execute(cls, checkpoint, dtype, cuda_graphs, triton, max_takes, download=NO_DOWNLOAD) -> io.NodeOutput:
+        if download and download != NO_DOWNLOAD:
+            model_dir, name = comfy_paths.download(download), download.split("/", 1)[1]
+        else:
+            found = comfy_paths.checkpoints()
+            if checkpoint not in found:
+                raise FileNotFoundError(f"LoadQwen3TTS: checkpoint {checkpoint!r} not found under "
+                                        f"{comfy_paths.own_dir()}")
+            model_dir, name = found[checkpoint], checkpoint
+        key = engine_cache.EngineKey(model_dir=os.path.realpath(model_dir), device=engine_cache.comfy_device(),
+                                     dtype=dtype, cuda_graphs=cuda_graphs, triton=triton, max_takes=int(max_takes))
+        engine = engine_cache.acquire(key)
+        info = _describe(engine, name)
+        ref = engine_cache.ModelRef(key=key, name=name, model_type=engine.model_type,
+                                    model_size=str(engine.info.model_size), speakers=tuple(engine.speakers or ()),
+                                    languages=tuple(engine.languages or ()), info=info)
+        return io.NodeOutput(ref, info, ui={"text": [info], "qwen3tts_info": [json.dumps(
+            {"device": engine.info.device, "dtype": engine.info.dtype, "cuda_graphs": bool(engine.info.cuda_graphs),
+             "kernels": list(engine.info.kernels), "model_type": engine.model_type})]})

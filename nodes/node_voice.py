@@ -1,0 +1,134 @@
+"""Voices: ExtractSpeakerEmbedding, SaveVoice and LoadVoice (safetensors in models/qwen3_tts/voices/)."""
+from __future__ import annotations
+
+import os
+
+from comfy_api.latest import io
+
+from . import comfy_paths, common, engine_cache, paths
+from .audio_utils import batch_item
+from .types import CATEGORY, PREFIX, Qwen3TTSVoice
+
+
+def _engine_api():
+    from ..engine import Voice, errors
+    return Voice, errors
+
+
+def _check_name(name) -> bool | str:
+    if name is None:
+        return True
+    try:
+        paths.check_voice_name(name)
+    except ValueError as exc:
+        return str(exc)
+    return True
+
+
+class ExtractSpeakerEmbedding(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=PREFIX + "ExtractSpeakerEmbedding", display_name="Qwen3-TTS Extract Voice", category=CATEGORY,
+            description="Turns a reference recording into a VOICE for VoiceClone (Base checkpoint). Any sample "
+                        "rate, mono or stereo. With the reference transcript (ref_text) the voice also keeps the "
+                        "reference's codec codes and clones in ICL mode; without it, only the x-vector is used.",
+            inputs=[common.model_input(),
+                    io.Audio.Input("audio", tooltip="Reference speech, ideally 3-20 s of one clean speaker."),
+                    io.Int.Input("batch_index", default=0, min=0, max=63,
+                                 tooltip="Which item of the AUDIO batch to use."),
+                    io.String.Input("ref_text", multiline=True, default="", optional=True,
+                                    tooltip="Exact transcript of the reference audio. Fill it in for ICL cloning "
+                                            "(closer timbre and prosody); leave empty for x-vector only.")],
+            outputs=[Qwen3TTSVoice.Output(display_name="voice",
+                                          tooltip="Speaker embedding (+ ICL codes and text) for VoiceClone.")])
+
+    @classmethod
+    def execute(cls, model, audio, batch_index, ref_text="") -> io.NodeOutput:
+        common.require_type("ExtractSpeakerEmbedding", model, "base")
+        _, errors = _engine_api()
+        wav = batch_item(audio, int(batch_index)) if audio is not None else None
+        engine = engine_cache.acquire(model.key)
+        try:
+            voice = engine.extract_voice(wav, int(audio["sample_rate"]), ref_text=ref_text.strip() or None)
+        except errors.Qwen3TTSError as exc:
+            raise RuntimeError(f"ExtractSpeakerEmbedding: {exc}") from exc
+        return io.NodeOutput(voice)
+
+
+class SaveVoice(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=PREFIX + "SaveVoice", display_name="Qwen3-TTS Save Voice", category=CATEGORY,
+            description="Saves a VOICE as models/qwen3_tts/voices/<name>.safetensors (safetensors only, never "
+                        "pickle) so LoadVoice can reuse it in any workflow.",
+            is_output_node=True,
+            inputs=[Qwen3TTSVoice.Input("voice", tooltip="The voice to save."),
+                    io.String.Input("name", default="my_voice",
+                                    tooltip="File name without extension: letters, digits, space, _ - . ; no "
+                                            "path separators, no '..'."),
+                    io.Boolean.Input("overwrite", default=True,
+                                     tooltip="Replace an existing voice of the same name.")],
+            outputs=[io.String.Output(display_name="name",
+                                      tooltip="The saved name; connect it to LoadVoice to load it right after.")])
+
+    @classmethod
+    def validate_inputs(cls, name) -> bool | str:
+        return _check_name(name)
+
+    @classmethod
+    def execute(cls, voice, name, overwrite) -> io.NodeOutput:
+        fname = paths.check_voice_name(name)
+        folder = comfy_paths.voice_save_dir()
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, fname)
+        if os.path.exists(path) and not overwrite:
+            raise FileExistsError(f"SaveVoice: {path} exists; enable overwrite or choose another name")
+        tmp = path + ".tmp"
+        voice.save(tmp)
+        os.replace(tmp, path)
+        saved = fname[: -len(paths.VOICE_EXT)]
+        return io.NodeOutput(saved, ui={"text": [f"saved {path}"]})
+
+
+class LoadVoice(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        names = paths.list_voices(comfy_paths.voice_dirs()) or ["(no saved voices yet)"]
+        return io.Schema(
+            node_id=PREFIX + "LoadVoice", display_name="Qwen3-TTS Load Voice", category=CATEGORY,
+            description="Loads a voice saved by SaveVoice and checks it belongs to this model family and size. "
+                        "Files that are not Qwen3-TTS voices are rejected; nothing is ever unpickled.",
+            inputs=[common.model_input(),
+                    io.Combo.Input("voice_name", options=names, default=names[0],
+                                   tooltip="A saved voice from models/qwen3_tts/voices/."),
+                    io.String.Input("name_override", optional=True, force_input=True,
+                                    tooltip="Optional: a name from SaveVoice's output. When connected it is "
+                                            "loaded instead of voice_name, after SaveVoice has run.")],
+            outputs=[Qwen3TTSVoice.Output(display_name="voice", tooltip="The loaded voice, checked against model.")])
+
+    @classmethod
+    def validate_inputs(cls, voice_name, name_override=None) -> bool | str:
+        return _check_name(name_override) if name_override else _check_name(voice_name)
+
+    @classmethod
+    def fingerprint_inputs(cls, voice_name, name_override=None, **_):
+        name = name_override or voice_name
+        try:
+            p = comfy_paths.find_voice(name)
+        except (FileNotFoundError, ValueError):
+            return name
+        return f"{name}:{os.path.getmtime(p)}:{os.path.getsize(p)}"
+
+    @classmethod
+    def execute(cls, model, voice_name, name_override=None) -> io.NodeOutput:
+        Voice, errors = _engine_api()
+        path = comfy_paths.find_voice(name_override or voice_name)
+        engine = engine_cache.acquire(model.key)
+        try:
+            voice = Voice.load(path)
+            engine.check_voice(voice)
+        except errors.Qwen3TTSError as exc:
+            raise RuntimeError(f"LoadVoice: {path}: {exc}") from exc
+        return io.NodeOutput(voice)

@@ -1,0 +1,90 @@
+"""Where checkpoints and voices live (pure Python; ComfyUI's folder_paths is passed in by the caller).
+
+A Qwen3-TTS checkpoint is a DIRECTORY holding config.json. We own `models/qwen3_tts/` and only read
+the folders other Qwen3-TTS packs use. Names shown in the loader are paths relative to their root
+(posix separators); the first root that holds a name wins.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+FOLDER_KEY = "qwen3_tts"  # registered with folder_paths; extra_model_paths.yaml may add locations
+VOICES_SUBDIR = "voices"
+VOICE_EXT = ".safetensors"
+# Read-only locations used by other packs, relative to the models directory.
+FOREIGN_DIRS = ("Qwen3-TTS", "qwen-tts", "TTS/Qwen3-TTS", "TTS/qwen3_tts", "tts/Qwen3TTS")
+# extra_model_paths.yaml keys other packs document; the values are their roots.
+FOREIGN_KEYS = ("Qwen3-TTS", "qwen-tts", "qwen3tts", "Qwen3TTS")
+MAX_DEPTH = 3
+OFFICIAL_REPOS = (
+    "Qwen/Qwen3-TTS-12Hz-0.6B-Base",
+    "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice",
+    "Qwen/Qwen3-TTS-12Hz-1.7B-Base",
+    "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice",
+    "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+)
+_VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.\-]{0,99}$")
+
+
+def candidate_roots(models_dir: str, own_paths: list[str], extra_paths: list[str]) -> list[str]:
+    """Ordered, de-duplicated roots: ours (incl. extra_model_paths), then the other packs' folders."""
+    roots = list(own_paths) + [os.path.join(models_dir, d) for d in FOREIGN_DIRS] + list(extra_paths)
+    seen, out = set(), []
+    for r in roots:
+        key = os.path.realpath(r)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def find_checkpoints(roots: list[str]) -> dict[str, str]:
+    """{display name: absolute directory} for every directory with a config.json under the roots."""
+    found: dict[str, str] = {}
+    for root in roots:
+        if not os.path.isdir(root):
+            continue
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            rel = os.path.relpath(dirpath, root)
+            depth = 0 if rel == "." else rel.count(os.sep) + 1
+            if "config.json" in filenames and rel != ".":
+                found.setdefault(rel.replace(os.sep, "/"), os.path.abspath(dirpath))
+                dirnames[:] = []  # a checkpoint's own subfolders (speech_tokenizer/) are not checkpoints
+                continue
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != VOICES_SUBDIR)
+            if depth >= MAX_DEPTH:
+                dirnames[:] = []
+    return dict(sorted(found.items(), key=lambda kv: kv[0].lower()))
+
+
+def check_voice_name(name: str) -> str:
+    """Return the file name for a voice name, or raise ValueError saying what is allowed."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("voice name is empty")
+    name = name.strip()
+    if name.endswith(VOICE_EXT):
+        name = name[: -len(VOICE_EXT)]
+    if "/" in name or "\\" in name or ".." in name or not _VOICE_NAME.match(name):
+        raise ValueError(
+            f"invalid voice name {name!r}: use letters, digits, space, '_', '-' or '.', start with a letter or "
+            "digit, at most 100 characters, no path separators and no '..'"
+        )
+    return name + VOICE_EXT
+
+
+def list_voices(voice_dirs: list[str]) -> list[str]:
+    """Voice names (without extension) found in the voice folders."""
+    names = set()
+    for d in voice_dirs:
+        if os.path.isdir(d):
+            names.update(f[: -len(VOICE_EXT)] for f in os.listdir(d)
+                         if f.endswith(VOICE_EXT) and os.path.isfile(os.path.join(d, f)))
+    return sorted(names, key=str.lower)
+
+
+def repo_target(models_dir: str, repo: str) -> str:
+    """Download target of an official repo: models/qwen3_tts/<repo name>."""
+    if repo not in OFFICIAL_REPOS:
+        raise ValueError(f"unknown repo {repo!r}; choose one of {', '.join(OFFICIAL_REPOS)}")
+    return os.path.join(models_dir, FOLDER_KEY, repo.split("/", 1)[1])

@@ -1,0 +1,134 @@
+"""Run a request through the engine from a node: segments, progress, interrupt, errors -> AUDIO.
+
+Engine-facing only through docs/ENGINE_API.md: Request, SamplingParams.replace, generate, stream.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import comfy.model_management as mm
+import comfy.utils
+
+from . import engine_cache
+from .audio_utils import StreamJoiner, join_segments, make_audio
+from .progress import SegmentProgress
+from .sampling import sampling_changes
+from .text_split import segment_budget, split_text
+
+
+def _engine_api():
+    from ..engine import Request, errors
+    return Request, errors
+
+
+def _voice_overhead(voice) -> int:
+    """Extra prompt positions an ICL voice occupies (reference codes + reference text)."""
+    if voice is None:
+        return 0
+    n = 0
+    for attr in ("ref_codes", "icl_codes", "codes"):
+        codes = getattr(voice, attr, None)
+        if codes is not None and hasattr(codes, "shape") and len(codes.shape) >= 1:
+            n += int(codes.shape[0])
+            break
+    ref_text = getattr(voice, "ref_text", None)
+    return n + (len(ref_text) if isinstance(ref_text, str) else 0)
+
+
+class Job:
+    """Everything a generator node asked for, resolved against the engine."""
+
+    def __init__(self, node: str, ref, mode: str, text: str, language: str, speaker=None, instruct=None,
+                 voice=None, seed: int = 0, takes: int = 1, max_segment_chars: int = 400, **widgets):
+        self.node, self.ref = node, ref
+        self.engine = engine_cache.acquire(ref.key)
+        try:
+            self.params = self.engine.defaults.replace(**sampling_changes(**widgets))
+        except ValueError as exc:
+            raise ValueError(f"{node}: {exc}") from exc
+        if takes > ref.key.max_takes:
+            raise ValueError(f"{node}: takes={takes} but the model was loaded with max_takes="
+                             f"{ref.key.max_takes}; raise max_takes on LoadQwen3TTS.")
+        budget = segment_budget(max_segment_chars, ref.key.max_seq_len, 64 + _voice_overhead(voice))
+        self.segments = split_text(text, budget)
+        if not self.segments:
+            raise ValueError(f"{node}: text is empty")
+        self.mode, self.language, self.speaker, self.instruct, self.voice = mode, language, speaker, instruct, voice
+        self.seed, self.takes = int(seed), int(takes)
+        self.pbar = comfy.utils.ProgressBar(1)
+        self.progress = SegmentProgress(len(self.segments), self._report)
+
+    def _report(self, value: int, maximum: int) -> None:
+        self.pbar.update_absolute(value, maximum)
+        mm.throw_exception_if_processing_interrupted()
+
+    def request(self, k: int):
+        Request, _ = _engine_api()
+        return Request(mode=self.mode, text=self.segments[k], language=self.language.lower(),
+                       speaker=self.speaker, voice=self.voice,
+                       instruct=self.instruct if self.mode == "design" else (self.instruct or None))
+
+    def seed_for(self, k: int) -> int:
+        return (self.seed + k) % (1 << 64)
+
+    def call(self, fn: Callable):
+        """Run one engine call; map interrupts and typed engine errors to what ComfyUI expects."""
+        _, errors = _engine_api()
+        mm.throw_exception_if_processing_interrupted()
+        try:
+            return fn()
+        except errors.GenerationInterrupted:
+            mm.throw_exception_if_processing_interrupted()
+            raise mm.InterruptProcessingException()
+        except errors.Qwen3TTSError as exc:
+            raise RuntimeError(f"{self.node}: {exc}") from exc
+
+    def generate(self) -> dict:
+        parts = []
+        for k in range(len(self.segments)):
+            res = self.call(lambda k=k: self.engine.generate(
+                self.request(k), takes=self.takes, seed=self.seed_for(k), params=self.params,
+                on_progress=self.progress.on_progress, should_stop=mm.processing_interrupted))
+            parts.append((res.audio, list(res.lengths)))
+            self.progress.next_segment()
+        wav, lengths = join_segments(parts, self.engine.sample_rate)
+        return make_audio(wav, lengths, self.engine.sample_rate)
+
+    def stream(self, chunk_frames: int, send: Callable[[dict], None]) -> dict:
+        """Stream one take; `send` gets every piece as soon as it is ready. Returns the full AUDIO."""
+        import torch
+
+        sr = self.engine.sample_rate
+        joiner = StreamJoiner(len(self.segments), sr)
+        pieces, sent, t0 = [], 0, time.perf_counter()
+        ttfa = None
+
+        def emit(x):
+            nonlocal sent, ttfa
+            if x.numel() == 0:
+                return
+            elapsed = time.perf_counter() - t0
+            ttfa = elapsed if ttfa is None else ttfa
+            pieces.append(x)
+            sent += x.numel()
+            send({"phase": "chunk", "seq": len(pieces) - 1, "samples": int(x.numel()), "pcm": x,
+                  "elapsed_s": elapsed, "audio_s": sent / sr, "ttfa_s": ttfa})
+
+        send({"phase": "start", "sample_rate": sr, "segments": len(self.segments), "chunk_frames": chunk_frames})
+        for k in range(len(self.segments)):
+            def run(k=k):
+                for chunk in self.engine.stream(self.request(k), takes=1, seed=self.seed_for(k),
+                                                params=self.params, chunk_frames=chunk_frames,
+                                                on_progress=self.progress.on_progress,
+                                                should_stop=mm.processing_interrupted):
+                    emit(joiner.push(chunk.audio[0, : chunk.valid[0]]))
+                    mm.throw_exception_if_processing_interrupted()
+            self.call(run)
+            emit(joiner.end_segment())
+            self.progress.next_segment()
+        wav = torch.cat(pieces) if pieces else torch.zeros(0)
+        elapsed = time.perf_counter() - t0
+        send({"phase": "end", "chunks": len(pieces), "samples": int(wav.numel()), "elapsed_s": elapsed,
+              "ttfa_s": ttfa, "rtf": elapsed / max(wav.numel() / sr, 1e-9)})
+        return make_audio(wav.unsqueeze(0), [wav.numel()], sr)

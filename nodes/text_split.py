@@ -1,0 +1,111 @@
+"""Split long text into segments at sentence boundaries (pure Python, no ComfyUI, no torch).
+
+A segment is measured in "units": one per character, except CJK characters, which count
+`CJK_WEIGHT` each because they are spoken more slowly per character (≈4-5 per second against ≈15 Latin
+characters per second). Sentences are packed greedily into segments of at most `max_units`; a sentence
+longer than that is cut at clause punctuation, then at spaces, and only as a last resort mid-word.
+"""
+from __future__ import annotations
+
+import re
+
+CJK_WEIGHT = 3
+FRAMES_PER_UNIT = 1.2  # generous upper bound of codec frames (12.5/s) per unit of text
+DEFAULT_MAX_UNITS = 400  # about 30 s of English speech per segment
+
+_SENTENCE_END = re.compile(
+    r"(?<=[.!?…])[\"'”’)\]]*\s+"  # Latin end punctuation (optionally closing quotes) + whitespace
+    r"|(?<=[。！？；])[\"'”’」』)\]]*"  # CJK end punctuation needs no space
+    r"|\n\s*\n?"  # line breaks separate sentences too
+)
+_CLAUSE_END = re.compile(r"(?<=[,;:，、；：—])\s*")
+
+
+def _is_cjk(ch: str) -> bool:
+    o = ord(ch)
+    return (0x3040 <= o <= 0x30FF or 0x3400 <= o <= 0x4DBF or 0x4E00 <= o <= 0x9FFF
+            or 0xAC00 <= o <= 0xD7AF or 0xF900 <= o <= 0xFAFF)
+
+
+def text_units(text: str) -> int:
+    """Length of `text` in units (CJK characters weigh CJK_WEIGHT)."""
+    return sum(CJK_WEIGHT if _is_cjk(c) else 1 for c in text)
+
+
+def segment_budget(max_units: int, max_seq_len: int, prompt_overhead: int = 64) -> int:
+    """Largest segment (in units) whose prompt and audio fit the static KV cache of `max_seq_len`.
+
+    `prompt_overhead` covers the chat template, control tokens and any reference codes (ICL). The text
+    occupies at most one cache position per unit and its audio about FRAMES_PER_UNIT frames per unit.
+    `max_new_tokens` is deliberately not used: it stays a per-segment safety cap, not a splitting rule.
+    """
+    by_cache = int((max_seq_len - prompt_overhead) / (FRAMES_PER_UNIT + 1.0))
+    return max(1, min(max_units, by_cache))
+
+
+def _pieces(text: str, pattern: re.Pattern) -> list[str]:
+    return [p.strip() for p in pattern.split(text) if p and p.strip()]
+
+
+def _hard_cut(piece: str, max_units: int) -> list[str]:
+    """Cut at spaces where possible, else between characters, so that every part fits."""
+    out, cur = [], ""
+    for word in re.findall(r"\S+\s*|\s+", piece):
+        if text_units(cur + word) <= max_units:
+            cur += word
+            continue
+        if cur.strip():
+            out.append(cur.strip())
+        cur = ""
+        while text_units(word) > max_units:  # a single word longer than the budget
+            n = 1
+            while n < len(word) and text_units(word[: n + 1]) <= max_units:
+                n += 1
+            out.append(word[:n].strip())
+            word = word[n:]
+        cur = word
+    if cur.strip():
+        out.append(cur.strip())
+    return [p for p in out if p]
+
+
+def _pack(parts: list[str], max_units: int) -> list[str]:
+    """Greedily join consecutive parts while the result stays within `max_units`."""
+    segments, cur = [], ""
+    for part in parts:
+        candidate = cur + _joiner(cur, part) + part if cur else part
+        if text_units(candidate) <= max_units:
+            cur = candidate
+        else:
+            if cur:
+                segments.append(cur)
+            cur = part
+    if cur:
+        segments.append(cur)
+    return segments
+
+
+def _joiner(a: str, b: str) -> str:
+    return "" if (a and _is_cjk(a[-1])) or (b and _is_cjk(b[0])) or (a and not a[-1].isascii()) else " "
+
+
+def split_text(text: str, max_units: int = DEFAULT_MAX_UNITS) -> list[str]:
+    """Split `text` into segments of at most `max_units` units, at sentence boundaries if possible.
+
+    Text that fits is returned unchanged as a single segment (only stripped). Empty text gives [].
+    """
+    if max_units < 1:
+        raise ValueError("max_units must be at least 1")
+    text = text.strip()
+    if not text:
+        return []
+    if text_units(text) <= max_units:
+        return [text]
+    parts: list[str] = []
+    for sentence in _pieces(text, _SENTENCE_END):
+        if text_units(sentence) <= max_units:
+            parts.append(sentence)
+            continue
+        for clause in _pack(_pieces(sentence, _CLAUSE_END), max_units):
+            parts.extend([clause] if text_units(clause) <= max_units else _hard_cut(clause, max_units))
+    return _pack(parts, max_units)

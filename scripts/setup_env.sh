@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project virtual environment.
+#   scripts/setup_env.sh          runtime only: torch, numpy, safetensors, tokenizers
+#   scripts/setup_env.sh --full   everything the tests need: pytest, ruff, the official qwen-tts 0.1.1
+#                                 as a test-only parity oracle, and a headless ComfyUI 0.3.75
+# VENV (default .venv), PYTHON (default python3) and TORCH_SPEC (default torch==2.13.0) can be overridden.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+full=0
+[ "${1:-}" = "--full" ] && full=1
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+py="$VENV/bin/python"
+pip() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
+
+stamp="$VENV/.qwen3tts-setup-$full-$(cat scripts/setup_env.sh requirements.txt | cksum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ]; then
+  "$py" -c "import torch" 2>/dev/null || pip "${TORCH_SPEC:-torch==2.13.0}"
+  pip -r requirements.txt
+  if [ "$full" = 1 ]; then
+    pip pytest ruff
+    # The oracle: never let pip resolve qwen-tts' own requirements (gradio, torchaudio, a CUDA torch...).
+    pip --no-deps qwen-tts==0.1.1
+    pip transformers==4.57.3 accelerate==1.12.0 einops soundfile librosa
+  fi
+  touch "$stamp"
+fi
+if [ "$full" = 1 ] && [ -f scripts/setup_comfyui.sh ]; then
+  bash scripts/setup_comfyui.sh "$VENV" .cache/comfyui
+fi

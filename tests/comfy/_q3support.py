@@ -1,0 +1,67 @@
+"""Helpers shared by the ComfyUI-tier tests (importable as `_q3support`; conftest puts this folder on sys.path)."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+PACK = Path(__file__).resolve().parents[2]
+COMFYUI_DIR = os.environ.get("COMFYUI_DIR", "")
+SCRIPTS = PACK / "scripts"
+ARTIFACTS = PACK / "tests" / "artifacts"
+
+
+def comfy_missing() -> str | None:
+    """Why the ComfyUI test environment is unusable, or None when it is set up."""
+    if not COMFYUI_DIR:
+        return ("ComfyUI test environment not set up: run scripts/setup_comfyui.sh VENV WORK, then pytest with "
+                "VENV/bin/python and COMFYUI_DIR=WORK/ComfyUI")
+    if not (Path(COMFYUI_DIR) / "main.py").is_file():
+        return f"COMFYUI_DIR={COMFYUI_DIR} holds no ComfyUI (main.py missing)"
+    for mod in ("aiohttp", "av", "torchaudio"):
+        if importlib.util.find_spec(mod) is None:
+            return f"module {mod} missing: run pytest with the python of the venv setup_comfyui.sh prepared"
+    return None
+
+
+def engine_missing() -> str | None:
+    try:
+        if str(PACK) not in sys.path:
+            sys.path.append(str(PACK))
+        importlib.import_module("engine.checkpoint.writer")
+        importlib.import_module("engine.engine")
+    except Exception as exc:  # the engine is developed in parallel; report exactly why it is unusable
+        return f"engine not usable yet ({type(exc).__name__}: {exc})"
+    return None
+
+
+def load_pure(module: str):
+    """Import nodes/<module>.py without ComfyUI (nodes/ as a package under a private alias)."""
+    alias = "qwen3tts_pack_nodes"
+    if alias not in sys.modules:
+        spec = importlib.util.spec_from_file_location(alias, PACK / "nodes" / "__init__.py",
+                                                      submodule_search_locations=[str(PACK / "nodes")])
+        pkg = importlib.util.module_from_spec(spec)
+        sys.modules[alias] = pkg
+        spec.loader.exec_module(pkg)
+    return importlib.import_module(f"{alias}.{module}")
+
+
+def load_script(name: str):
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    return importlib.import_module(name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chromium_path() -> str | None:
+    return os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")

@@ -1,0 +1,170 @@
+"""In-process contract tests: load the pack with ComfyUI's own loader, check schemas and validation."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+
+import pytest
+
+from _q3support import COMFYUI_DIR, PACK
+
+NODE_IDS = ["LoadQwen3TTS", "ExtractSpeakerEmbedding", "SaveVoice", "LoadVoice", "VoiceClone", "CustomVoice",
+            "VoiceDesign", "StreamChunks", "PickTake"]
+PREFIX = "Qwen3TTSFast_"
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory):
+    """ComfyUI's modules with the pack loaded by `nodes.load_custom_node`, on a temporary base dir."""
+    base = tmp_path_factory.mktemp("inproc_base")
+    ckpt = base / "models" / "qwen3_tts" / "Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    (base / "models" / "TTS" / "Qwen3-TTS" / "Other").mkdir(parents=True)
+    (base / "models" / "TTS" / "Qwen3-TTS" / "Other" / "config.json").write_text("{}")
+    sys.path.insert(0, COMFYUI_DIR)
+    sys.argv = ["main.py", "--cpu", "--base-directory", str(base)]
+    import comfy.options
+    comfy.options.enable_args_parsing()
+    import utils.extra_config  # noqa: F401  (must precede `nodes`)
+    import execution
+    import nodes
+    import server
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    server.PromptServer(loop)
+    before = {"env": dict(os.environ), "path": list(sys.path), "handlers": list(logging.root.handlers),
+              "level": logging.root.level}
+    ok = loop.run_until_complete(nodes.load_custom_node(str(PACK)))
+    after = {"env": dict(os.environ), "path": list(sys.path), "handlers": list(logging.root.handlers),
+             "level": logging.root.level}
+    loop.run_until_complete(nodes.init_builtin_extra_nodes())
+    yield {"nodes": nodes, "execution": execution, "loop": loop, "ok": ok, "before": before, "after": after,
+           "base": base}
+    loop.close()
+
+
+def _validate(comfy, prompt: dict, node_id: str):
+    execution = comfy["execution"]
+    return comfy["loop"].run_until_complete(execution.validate_inputs("t", prompt, node_id, {}))
+
+
+def test_pack_loads_and_registers_all_nodes(comfy):
+    assert comfy["ok"] is True
+    mappings = comfy["nodes"].NODE_CLASS_MAPPINGS
+    for name in NODE_IDS:
+        assert PREFIX + name in mappings, name
+    web = comfy["nodes"].EXTENSION_WEB_DIRS
+    assert any(os.path.samefile(p, PACK / "web") for p in web.values())
+
+
+def test_import_has_no_global_side_effects(comfy):
+    b, a = comfy["before"], comfy["after"]
+    assert a["env"] == b["env"]
+    assert a["path"] == b["path"]
+    assert a["handlers"] == b["handlers"] and a["level"] == b["level"]
+    heavy = [m for m in sys.modules if m.endswith(".engine.engine") or m.endswith(".engine.decode")]
+    assert heavy == [], f"engine imported at pack import: {heavy}"
+
+
+@pytest.mark.parametrize("name", NODE_IDS)
+def test_schema(comfy, name):
+    cls = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + name]
+    info = cls.GET_NODE_INFO_V1()
+    json.dumps(info, default=str)
+    assert info["category"] == "audio/Qwen3-TTS"
+    assert info["description"] and len(info["description"]) > 40
+    assert info["display_name"] and "Qwen3-TTS" in info["display_name"]
+    for section in ("required", "optional"):
+        for inp, spec in info["input"].get(section, {}).items():
+            assert spec[1].get("tooltip"), f"{name}.{inp} has no tooltip"
+    assert all(info["output_tooltips"])
+
+
+def test_generators_share_inputs(comfy):
+    for name in ("VoiceClone", "CustomVoice", "VoiceDesign"):
+        info = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + name].GET_NODE_INFO_V1()
+        req = info["input"]["required"]
+        assert req["seed"][1]["control_after_generate"] is True
+        assert req["takes"][1]["min"] == 1 and req["takes"][1]["max"] >= 4
+        assert req["language"][1]["options"][0] == "Auto" and len(req["language"][1]["options"]) == 11
+        opt = info["input"]["optional"]
+        for adv in ("temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens"):
+            assert opt[adv][1]["default"] == -1, adv
+        assert info["output"] == ["AUDIO"]
+
+
+def test_output_nodes(comfy):
+    m = comfy["nodes"].NODE_CLASS_MAPPINGS
+    assert m[PREFIX + "PickTake"].GET_NODE_INFO_V1()["output_node"] is True
+    assert m[PREFIX + "SaveVoice"].GET_NODE_INFO_V1()["output_node"] is True
+
+
+def test_loader_lists_own_and_foreign_checkpoint_dirs(comfy):
+    info = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "LoadQwen3TTS"].GET_NODE_INFO_V1()
+    options = info["input"]["required"]["checkpoint"][1]["options"]
+    assert options == ["Other", "Qwen3-TTS-12Hz-0.6B-CustomVoice"]
+    import folder_paths
+    assert folder_paths.get_folder_paths("qwen3_tts")[0] == str(comfy["base"] / "models" / "qwen3_tts")
+
+
+def _gen_prompt(**overrides):
+    inputs = {"model": ["1", 0], "text": "Hello.", "speaker": "Vivian", "language": "Auto", "seed": 1, "takes": 2}
+    inputs.update(overrides)
+    return {"1": {"class_type": PREFIX + "LoadQwen3TTS",
+                  "inputs": {"checkpoint": "Qwen3-TTS-12Hz-0.6B-CustomVoice", "dtype": "auto", "cuda_graphs": "auto",
+                             "triton": "auto", "max_takes": 4}},
+            "2": {"class_type": PREFIX + "CustomVoice", "inputs": inputs}}
+
+
+def test_valid_prompt_passes(comfy):
+    ok, errors, _ = _validate(comfy, _gen_prompt(), "2")
+    assert ok is True, errors
+
+
+@pytest.mark.parametrize("overrides, kind", [
+    ({"takes": 0}, "value_smaller_than_min"),
+    ({"takes": 99}, "value_bigger_than_max"),
+    ({"text": "   "}, "custom_validation_failed"),
+    ({"speaker": "Nobody"}, "custom_validation_failed"),
+    ({"language": "Klingon"}, "custom_validation_failed"),
+    ({"top_p": 7.0}, "value_bigger_than_max"),
+    ({"seed": -5}, "value_smaller_than_min"),
+])
+def test_bad_generator_widgets_are_rejected(comfy, overrides, kind):
+    ok, errors, _ = _validate(comfy, _gen_prompt(**overrides), "2")
+    assert ok is False
+    assert kind in [e["type"] for e in errors], errors
+
+
+@pytest.mark.parametrize("inputs, needle", [
+    ({"checkpoint": "missing", "dtype": "auto"}, "not found"),
+    ({"checkpoint": "Qwen3-TTS-12Hz-0.6B-CustomVoice", "dtype": "int3"}, "dtype"),
+])
+def test_bad_loader_widgets_are_rejected(comfy, inputs, needle):
+    base = {"cuda_graphs": "auto", "triton": "auto", "max_takes": 4}
+    prompt = {"1": {"class_type": PREFIX + "LoadQwen3TTS", "inputs": base | inputs}}
+    ok, errors, _ = _validate(comfy, prompt, "1")
+    assert ok is False and needle in json.dumps(errors)
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "", ".."])
+def test_bad_voice_names_are_rejected(comfy, name):
+    prompt = {"1": {"class_type": PREFIX + "SaveVoice", "inputs": {"voice": ["2", 0], "name": name, "overwrite": True}},
+              "2": {"class_type": PREFIX + "LoadVoice", "inputs": {"model": ["3", 0], "voice_name": "x"}},
+              "3": {"class_type": PREFIX + "LoadQwen3TTS", "inputs": {
+                  "checkpoint": "Qwen3-TTS-12Hz-0.6B-CustomVoice", "dtype": "auto", "cuda_graphs": "auto",
+                  "triton": "auto", "max_takes": 4}}}
+    ok, errors, _ = _validate(comfy, prompt, "1")
+    assert ok is False and "voice name" in json.dumps(errors)
+
+
+def test_pick_take_rejects_negative_index(comfy):
+    prompt = {"1": {"class_type": PREFIX + "PickTake", "inputs": {"audio": ["2", 0], "index": -1}},
+              "2": {"class_type": "EmptyAudio", "inputs": {"duration": 1.0, "sample_rate": 24000, "channels": 1}}}
+    ok, errors, _ = _validate(comfy, prompt, "1")
+    assert ok is False

@@ -1,0 +1,199 @@
+"""End to end over HTTP: a real ComfyUI 0.3.75 subprocess on 127.0.0.1 with the pack and tiny checkpoints."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _q3support import COMFYUI_DIR, PACK, free_port, load_script
+
+pytestmark = [pytest.mark.engine]
+client = load_script("comfy_client")
+ui_to_api = load_script("ui_to_api")
+FRAMES = client.TEST_MAX_NEW_TOKENS
+SPF = 1920
+WORKFLOWS = sorted(p.stem for p in (PACK / "example_workflows").glob("*.json"))
+EVENT = "qwen3tts_fast.stream"
+
+
+@pytest.fixture(scope="module")
+def server(comfy_base):
+    port = free_port()
+    proc = client.start_comfy(Path(COMFYUI_DIR), comfy_base, port, comfy_base / "comfyui.log")
+    c = client.Comfy(port)
+    try:
+        c.wait_up(proc)
+        c.object_info = c.get("/object_info")
+        c.base, c.proc, c.port = comfy_base, proc, port
+        yield c
+    finally:
+        client.stop_comfy(proc)
+
+
+def load_wf(name):
+    return json.loads((PACK / "example_workflows" / f"{name}.json").read_text())
+
+
+def run(c, prompt, workflow=None):
+    status, body = c.queue(prompt, workflow)
+    assert status == 200, body
+    return c.wait(body["prompt_id"])
+
+
+def read_audio(path: Path) -> tuple[np.ndarray, int]:
+    import av
+
+    with av.open(str(path)) as f:
+        stream = f.streams.audio[0]
+        frames = [fr.to_ndarray() for fr in f.decode(stream)]
+        sr = stream.rate
+    x = np.concatenate(frames, axis=-1).astype(np.float64)
+    if np.issubdtype(frames[0].dtype, np.integer):
+        x /= float(np.iinfo(frames[0].dtype).max) + 1
+    return x.reshape(-1), sr
+
+
+def outputs_by_prefix(entry, base):
+    files = {}
+    for f in client.output_files(entry, base):
+        files.setdefault(f.name.rsplit("_", 2)[0], []).append(f)
+    return files
+
+
+EXPECTED = {  # workflow -> {file prefix: number of files}
+    "qwen3tts_custom_voice_takes": {"custom_voice_picked": 1, "custom_voice_all_takes": 4},
+    "qwen3tts_voice_design": {"voice_design": 1},
+    "qwen3tts_voice_clone_xvector": {"clone_xvector": 1},
+    "qwen3tts_voice_clone_icl": {"clone_icl": 1},
+    "qwen3tts_save_and_load_voice": {"saved_voice": 1},
+    "qwen3tts_streaming": {"streaming": 1},
+}
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_example_workflow_runs(server, name):
+    wf = load_wf(name)
+    entry = run(server, ui_to_api.convert(wf, server.object_info), wf)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    files = outputs_by_prefix(entry, server.base)
+    assert {k: len(v) for k, v in files.items()} == EXPECTED[name]
+    for paths in files.values():
+        for p in paths:
+            x, sr = read_audio(p)
+            assert sr == 24000
+            assert x.size == FRAMES * SPF, (p, x.size)  # tiny checkpoints never stop early: 12 frames
+            assert np.isfinite(x).all() and np.abs(x).max() > 0
+    if name == "qwen3tts_custom_voice_takes":
+        pick = next(o for o in entry["outputs"].values() if "qwen3tts_takes" in o)
+        assert len(pick["qwen3tts_takes"]) == 4
+        assert all(t["samples"] == FRAMES * SPF for t in pick["qwen3tts_takes"])
+    if name == "qwen3tts_save_and_load_voice":
+        assert (server.base / "models" / "qwen3_tts" / "voices" / "qwen3tts_example_voice.safetensors").is_file()
+
+
+async def _run_with_ws(c, prompt, on_message=None, timeout=300):
+    import aiohttp
+
+    events = []
+    async with aiohttp.ClientSession() as s:
+        async with s.ws_connect(f"ws://127.0.0.1:{c.port}/ws?clientId={c.client_id}") as ws:
+            async with s.post(f"{c.url}/prompt", json={"prompt": prompt, "client_id": c.client_id}) as r:
+                body = await r.json()
+                assert r.status == 200, body
+            pid = body["prompt_id"]
+            t_end = time.time() + timeout
+            while time.time() < t_end:
+                msg = await ws.receive(timeout=timeout)
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                m = json.loads(msg.data)
+                events.append(m)
+                if on_message:
+                    await on_message(m, s)
+                if m["type"] in ("execution_success", "execution_error", "execution_interrupted") and \
+                        m["data"].get("prompt_id") == pid:
+                    break
+    return pid, events
+
+
+def test_stream_events_in_order_and_equal_to_final_audio(server):
+    wf = load_wf("qwen3tts_streaming")
+    prompt = ui_to_api.convert(wf, server.object_info)
+    prompt["2"]["inputs"]["seed"] = 1234  # a fresh seed: no cached result
+    pid, events = asyncio.run(_run_with_ws(server, prompt))
+    stream = [e["data"] for e in events if e["type"] == EVENT]
+    assert stream[0]["phase"] == "start" and stream[-1]["phase"] == "end"
+    chunks = [d for d in stream if d["phase"] == "chunk"]
+    assert [d["seq"] for d in chunks] == list(range(len(chunks)))
+    assert len(chunks) >= FRAMES // 4  # chunk_size 4 frames
+    assert all(d["node"] == "2" and d["sample_rate"] == 24000 for d in stream if d["phase"] == "start")
+    pcm = np.concatenate([np.frombuffer(base64.b64decode(d["pcm"]), "<f4") for d in chunks])
+    assert pcm.size == stream[-1]["samples"] == FRAMES * SPF
+    entry = server.wait(pid)
+    (path,) = client.output_files(entry, server.base)
+    final, sr = read_audio(path)
+    assert sr == 24000 and final.size == pcm.size
+    assert np.max(np.abs(final - np.clip(pcm, -1, 1))) < 1e-4  # FLAC stores 16/24-bit PCM
+    progress = [e["data"] for e in events if e["type"] == "progress" and e["data"].get("node") == "2"]
+    assert progress and progress[-1]["value"] == progress[-1]["max"] == FRAMES  # progress in frames
+
+
+def _custom_prompt(c, seed, **inputs):
+    wf = load_wf("qwen3tts_custom_voice_takes")
+    prompt = ui_to_api.convert(wf, c.object_info)
+    prompt["2"]["inputs"].update(seed=seed, **inputs)
+    return prompt
+
+
+def test_interrupt_mid_run_then_next_run_works(server):
+    async def on_message(m, session):
+        if m["type"] == "progress" and m["data"].get("node") == "2" and not on_message.sent:
+            on_message.sent = True
+            async with session.post(f"{server.url}/interrupt") as r:
+                assert r.status == 200
+    on_message.sent = False
+    pid, events = asyncio.run(_run_with_ws(server, _custom_prompt(server, 777), on_message))
+    assert on_message.sent
+    assert "execution_interrupted" in [e["type"] for e in events]
+    entry = run(server, _custom_prompt(server, 778, takes=2))
+    assert entry["status"]["status_str"] == "success"
+
+
+def test_free_releases_the_engine(server):
+    assert run(server, _custom_prompt(server, 901, takes=1))["status"]["status_str"] == "success"
+    assert server.get("/qwen3tts_fast/engines")["engines"]
+    status, _ = server.post("/free", {"unload_models": True, "free_memory": True})
+    assert status == 200
+    t_end = time.time() + 30
+    while server.get("/qwen3tts_fast/engines")["engines"] and time.time() < t_end:
+        time.sleep(0.5)
+    assert server.get("/qwen3tts_fast/engines")["engines"] == []
+    assert run(server, _custom_prompt(server, 902, takes=1))["status"]["status_str"] == "success"
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"speaker": "Nobody"}, "speaker"),
+    ({"text": ""}, "text is empty"),
+    ({"takes": 0}, "takes"),
+])
+def test_bad_widget_values_give_node_errors(server, change, where):
+    status, body = server.queue(_custom_prompt(server, 5, **change))
+    assert status == 400
+    assert "2" in body["node_errors"] and where in json.dumps(body["node_errors"])
+    server.get("/system_stats")
+
+
+def test_wrong_model_type_is_a_node_error_naming_the_right_node(server):
+    wf = load_wf("qwen3tts_voice_design")
+    prompt = ui_to_api.convert(wf, server.object_info)
+    prompt["1"]["inputs"]["checkpoint"] = "Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    entry = run(server, prompt)
+    assert entry["status"]["status_str"] == "error"
+    err = next(m[1] for m in entry["status"]["messages"] if m[0] == "execution_error")
+    assert err["node_id"] == "2" and "CustomVoice" in err["exception_message"]
+    assert run(server, _custom_prompt(server, 6, takes=1))["status"]["status_str"] == "success"

@@ -1,0 +1,95 @@
+"""AUDIO/take helpers and click-free segment joining (nodes/audio_utils.py)."""
+import pytest
+import torch
+
+from _q3support import load_pure
+
+au = load_pure("audio_utils")
+
+
+def batch(lengths, t=None):
+    t = t or max(lengths)
+    wav = torch.randn(len(lengths), t)
+    return au.make_audio(wav, lengths)
+
+
+def test_make_audio_shape_padding_and_lengths():
+    a = batch([100, 60, 80])
+    assert a["waveform"].shape == (3, 1, 100) and a["waveform"].dtype == torch.float32
+    assert a["sample_rate"] == 24000 and a[au.LENGTHS_KEY] == [100, 60, 80]
+    assert torch.all(a["waveform"][1, 0, 60:] == 0)
+
+
+def test_make_audio_rejects_inconsistent_lengths():
+    with pytest.raises(ValueError):
+        au.make_audio(torch.zeros(2, 10), [10])
+    with pytest.raises(ValueError):
+        au.make_audio(torch.zeros(2, 10), [10, 11])
+
+
+def test_pick_take_trims_padding():
+    a = batch([100, 60])
+    p = au.pick_take(a, 1)
+    assert p["waveform"].shape == (1, 1, 60)
+    assert torch.equal(p["waveform"][0, 0], a["waveform"][1, 0, :60])
+    with pytest.raises(IndexError):
+        au.pick_take(a, 2)
+
+
+def test_foreign_audio_without_lengths_uses_full_length():
+    a = {"waveform": torch.zeros(2, 2, 50), "sample_rate": 44100}
+    assert au.take_lengths(a) == [50, 50]
+    assert au.batch_item(a, 1).shape == (2, 50)
+    a[au.LENGTHS_KEY] = [10, 99]  # inconsistent -> ignored
+    assert au.take_lengths(a) == [50, 50]
+
+
+def test_single_segment_join_is_identity():
+    wav = torch.randn(2, 30)
+    out, lengths = au.join_segments([(wav, [30, 20])])
+    assert out is wav and lengths == [30, 20]
+
+
+def _segments(n_takes, seg_lengths):
+    g = torch.Generator().manual_seed(0)
+    segs = []
+    for lens in seg_lengths:
+        w = torch.randn(n_takes, max(lens), generator=g) * 0.5 + 0.5  # non-zero at the edges
+        for i, n in enumerate(lens):
+            w[i, n:] = 0
+        segs.append((w, lens))
+    return segs
+
+
+def test_join_is_click_free_with_gap():
+    segs = _segments(2, [[4800, 4000], [2400, 3000]])
+    out, lengths = au.join_segments(segs)
+    gap, fade = round(24000 * au.GAP_S), round(24000 * au.FADE_S)
+    assert lengths == [4800 + gap + 2400, 4000 + gap + 3000]
+    x = out[0]
+    assert abs(float(x[4799])) < 0.01 * abs(float(segs[0][0][0, 4799])) + 1e-3  # faded out
+    assert torch.all(x[4800:4800 + gap] == 0)
+    assert abs(float(x[4800 + gap])) < 0.01  # faded in
+    assert torch.equal(x[:4800 - fade], segs[0][0][0, :4800 - fade])  # untouched outside the fades
+
+
+def test_stream_joiner_matches_join_segments_exactly():
+    seg_lengths = [[5000], [100], [3000]]  # includes a segment shorter than two fades
+    segs = _segments(1, seg_lengths)
+    ref, lengths = au.join_segments(segs)
+    j = au.StreamJoiner(len(segs))
+    pieces = []
+    for wav, (n,) in segs:
+        x = wav[0, :n]
+        for start in range(0, n, 777):
+            pieces.append(j.push(x[start:start + 777]))
+        pieces.append(j.end_segment())
+    got = torch.cat(pieces)
+    assert got.numel() == lengths[0]
+    assert torch.equal(got, ref[0, : lengths[0]])
+
+
+def test_stream_joiner_single_segment_passthrough():
+    j = au.StreamJoiner(1)
+    x = torch.randn(100)
+    assert torch.equal(j.push(x), x) and j.end_segment().numel() == 0

@@ -1,0 +1,115 @@
+"""Shared test setup: markers, the repository on sys.path, and tiny random checkpoints built once per run."""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run tests marked slow (or set RUN_SLOW=1)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped when torch.cuda.is_available() is False)")
+    config.addinivalue_line("markers", "slow: long-running (real-size checkpoints, long decodes); needs --runslow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not (config.getoption("--runslow") or os.environ.get("RUN_SLOW") == "1"):
+        skip_slow = pytest.mark.skip(reason="slow: pass --runslow (or RUN_SLOW=1) to run")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+def _official_builder(main_cfg: dict, codec_cfg: dict):
+    """Meta-device modules from the official qwen-tts classes (same state-dict names as ours). Test-only."""
+    from engine.checkpoint.writer import CODEC_WEIGHTS, MAIN_WEIGHTS
+    from tests.oracle import import_qwen_tts
+
+    import_qwen_tts()
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (
+        Qwen3TTSTokenizerV2Config,
+    )
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import (
+        Qwen3TTSTokenizerV2Model,
+    )
+
+    return {MAIN_WEIGHTS: [("", Qwen3TTSForConditionalGeneration(Qwen3TTSConfig(**main_cfg)))],
+            CODEC_WEIGHTS: [("", Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**codec_cfg)))]}
+
+
+def _engine_modules_missing() -> str | None:
+    """None when every engine module the writer needs imports; otherwise the reason."""
+    try:
+        import engine.codec.decoder
+        import engine.codec.encoder
+        import engine.model.speaker_encoder
+        import engine.model.talker  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="session")
+def checkpoint_builder():
+    """The builder tiny checkpoints are written with: ours, or the official classes while ours are missing."""
+    from engine.checkpoint.writer import build_engine_modules
+
+    missing = _engine_modules_missing()
+    if missing is None:
+        return build_engine_modules
+    warnings.warn(f"engine modules incomplete ({missing}); tiny checkpoints use the official classes' shapes")
+    return _official_builder
+
+
+@pytest.fixture(scope="session")
+def official_builder():
+    """A writer builder using the official qwen-tts classes (test-only)."""
+    return _official_builder
+
+
+@pytest.fixture(scope="session")
+def engine_modules_missing() -> str | None:
+    """None when our talker, speaker encoder, codec decoder and encoder all import; else the reason."""
+    return _engine_modules_missing()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory, checkpoint_builder) -> dict[str, Path]:
+    """{model_type: Path} of tiny random-weight checkpoints (seed 0, EOS off), written once per session."""
+    from engine.checkpoint.presets import MODEL_TYPES
+    from engine.checkpoint.writer import write_random_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_ckpt")
+    return {mt: write_random_checkpoint(root / mt, "tiny", mt, seed=0, builder=checkpoint_builder)
+            for mt in MODEL_TYPES}
+
+
+@pytest.fixture(scope="session")
+def eos_checkpoint(tmp_path_factory, checkpoint_builder) -> Path:
+    """A tiny CustomVoice checkpoint whose EOS row is live and scaled up (x4), so EOS comes early."""
+    from engine.checkpoint.writer import write_random_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_eos")
+    return write_random_checkpoint(root / "custom_voice", "tiny", "custom_voice", seed=0, eos=True, eos_scale=4.0,
+                                   builder=checkpoint_builder)

@@ -1,0 +1,119 @@
+"""CUDA-graph correctness on the GPU (skipped without CUDA).
+
+"Eager" here is the same frame body run without capture; the graph must replay it exactly. In fp32
+the graphed codes must also equal the plain eager runner (dynamic cache slicing, SDPA).
+"""
+import pytest
+import torch
+
+from engine import Engine, Request
+from engine.decode import EagerFrames, collect, decode_frames
+from engine.gpu.frame_graph import GraphedFrames
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_tf32():
+    """fp32 comparisons need true fp32: TF32 convolutions alone move the codec output by ~1e-2."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+FRAMES = 220  # crosses the 256-position attention window
+
+
+def _req():
+    return Request(mode="custom", text="Graphs must replay the eager frame exactly, frame after frame.",
+                   language="English", speaker="ryan")
+
+
+def _codes(engine, runner, takes, params, seed=0, take_offset=0):
+    prompt, params, frames = engine._prepare(_req(), takes, params)
+    codes, lengths = collect(decode_frames(runner, prompt, takes=takes, seed=seed, params=params, max_frames=frames,
+                                           eos_id=2150, take_offset=take_offset))
+    return codes.cpu(), lengths
+
+
+@pytest.fixture(scope="module")
+def fp32(tiny_checkpoints):
+    return Engine.load(tiny_checkpoints["custom_voice"], device="cuda", dtype="fp32", cuda_graphs="on",
+                       max_seq_len=512)
+
+
+@pytest.fixture(scope="module")
+def bf16(tiny_checkpoints):
+    return Engine.load(tiny_checkpoints["custom_voice"], device="cuda", dtype="bf16", cuda_graphs="on",
+                       max_seq_len=512)
+
+
+def test_graphs_are_on(fp32):
+    assert fp32.info.cuda_graphs and isinstance(fp32.runner, GraphedFrames)
+
+
+@pytest.mark.parametrize("takes", [1, 3])
+def test_fp32_greedy_graph_equals_eager(fp32, takes):
+    params = fp32.defaults.greedy().replace(max_new_tokens=FRAMES)
+    graphed, _ = _codes(fp32, fp32.runner, takes, params)
+    uncaptured, _ = _codes(fp32, GraphedFrames(fp32.talker, 512, capture=False), takes, params)
+    plain, _ = _codes(fp32, EagerFrames(fp32.talker), takes, params)
+    assert graphed.shape == (takes, FRAMES, 16)
+    assert torch.equal(graphed, uncaptured)
+    assert torch.equal(graphed, plain)
+
+
+def test_fp32_sampled_graph_equals_eager(fp32):
+    params = fp32.defaults.replace(max_new_tokens=FRAMES, top_p=0.9)
+    graphed, _ = _codes(fp32, fp32.runner, 2, params, seed=5)
+    uncaptured, _ = _codes(fp32, GraphedFrames(fp32.talker, 512, capture=False), 2, params, seed=5)
+    assert torch.equal(graphed, uncaptured)
+
+
+def test_bf16_graph_equals_eager_then_structure(bf16):
+    params = bf16.defaults.greedy().replace(max_new_tokens=FRAMES)
+    graphed, _ = _codes(bf16, bf16.runner, 1, params)
+    uncaptured, _ = _codes(bf16, GraphedFrames(bf16.talker, 512, capture=False), 1, params)
+    plain, _ = _codes(bf16, EagerFrames(bf16.talker), 1, params)
+    assert torch.equal(graphed[:, :50], uncaptured[:, :50])
+    assert torch.equal(graphed, uncaptured)
+    same = int((graphed[0] == plain[0]).all(1).long().cumprod(0).sum())
+    print(f"bf16: graphed and plain eager agree on the first {same} of {FRAMES} frames")
+    assert graphed.shape == (1, FRAMES, 16)
+    assert (graphed >= 0).all() and (graphed < 2048).all()
+
+
+def test_takes_in_a_batch_equal_takes_alone_under_graphs(fp32):
+    params = fp32.defaults.replace(max_new_tokens=60)
+    batch, _ = _codes(fp32, fp32.runner, 4, params, seed=3)
+    for i in range(4):
+        alone, _ = _codes(fp32, fp32.runner, 1, params, seed=3, take_offset=i)
+        assert torch.equal(alone[0], batch[i]), f"take {i}"
+
+
+def test_same_seed_reproducible_under_graphs(fp32):
+    params = fp32.defaults.replace(max_new_tokens=40)
+    a, _ = _codes(fp32, fp32.runner, 2, params, seed=8)
+    b, _ = _codes(fp32, fp32.runner, 2, params, seed=8)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("chunk", [4, 8])
+def test_streaming_equals_generate_under_graphs(fp32, chunk):
+    params = fp32.defaults.replace(max_new_tokens=30)
+    whole = fp32.generate(_req(), takes=2, seed=2, params=params)
+    parts = list(fp32.stream(_req(), takes=2, seed=2, params=params, chunk_frames=chunk))
+    for i in range(2):
+        joined = torch.cat([c.audio[i, : c.valid[i]] for c in parts])
+        assert joined.shape[0] == whole.lengths[i]
+        assert float((joined - whole.audio[i, : whole.lengths[i]]).abs().max()) <= 1e-5
+
+
+def test_sampling_params_change_without_recapture(fp32):
+    runner = fp32.runner
+    fp32.generate(_req(), params=fp32.defaults.replace(max_new_tokens=5))
+    graphs = len(runner.graphs)
+    fp32.generate(_req(), params=fp32.defaults.replace(max_new_tokens=5, temperature=0.5, top_k=7, top_p=0.8,
+                                                       subtalker_top_k=3, repetition_penalty=1.3))
+    fp32.generate(_req(), params=fp32.defaults.greedy().replace(max_new_tokens=5))
+    assert len(runner.graphs) == graphs

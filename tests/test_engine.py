@@ -1,0 +1,110 @@
+"""Engine behaviour on tiny random checkpoints: takes, reproducibility, streaming, structure."""
+import numpy as np
+import pytest
+import torch
+
+from engine import Engine, Request
+from engine.codec.streaming import StreamingDecoder  # noqa: F401  (import check)
+
+FRAMES = 12
+
+
+@pytest.fixture(scope="module")
+def custom(tiny_checkpoints):
+    return Engine.load(tiny_checkpoints["custom_voice"], device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def base(tiny_checkpoints):
+    return Engine.load(tiny_checkpoints["base"], device="cpu", dtype="fp32")
+
+
+def req(text="One decode loop serves every mode.", **kw):
+    return Request(mode="custom", text=text, language="English", speaker="ryan", **kw)
+
+
+def sampled(engine, frames=FRAMES):
+    return engine.defaults.replace(max_new_tokens=frames)
+
+
+def test_takes_in_a_batch_equal_takes_alone(custom):
+    batch = custom.generate(req(), takes=4, seed=11, params=sampled(custom))
+    assert batch.audio.shape == (4, FRAMES * 1920)
+    for i in range(4):
+        alone = custom.generate(req(), takes=1, seed=11, take_offset=i, params=sampled(custom))
+        assert torch.equal(alone.codes[0], batch.codes[i]), f"take {i}"
+        assert torch.allclose(alone.audio[0], batch.audio[i], atol=1e-5)
+    assert not torch.equal(batch.codes[0], batch.codes[1]), "takes must differ"
+
+
+def test_same_seed_same_output_and_other_seed_differs(custom):
+    a = custom.generate(req(), takes=2, seed=5, params=sampled(custom))
+    b = custom.generate(req(), takes=2, seed=5, params=sampled(custom))
+    c = custom.generate(req(), takes=2, seed=6, params=sampled(custom))
+    assert all(torch.equal(x, y) for x, y in zip(a.codes, b.codes))
+    assert torch.equal(a.audio, b.audio)
+    assert not torch.equal(a.codes[0], c.codes[0])
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7])
+def test_streaming_equals_generate(custom, chunk):
+    params = sampled(custom, 15)
+    whole = custom.generate(req(), takes=2, seed=3, params=params)
+    chunks = list(custom.stream(req(), takes=2, seed=3, params=params, chunk_frames=chunk))
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert chunks[-1].final and not any(c.final for c in chunks[:-1])
+    for i in range(2):
+        joined = torch.cat([c.audio[i, : c.valid[i]] for c in chunks])
+        assert joined.shape[0] == whole.lengths[i]
+        assert float((joined - whole.audio[i, : whole.lengths[i]]).abs().max()) <= 1e-5
+
+
+def test_streaming_icl_clone_equals_generate(base):
+    t = np.arange(2 * 24000) / 24000
+    voice = base.extract_voice((0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 24000, ref_text="Reference.")
+    r = Request(mode="clone", text="Streaming a cloned voice.", language="English", voice=voice)
+    params = sampled(base, 9)
+    whole = base.generate(r, seed=1, params=params)
+    joined = torch.cat([c.audio[0, : c.valid[0]] for c in base.stream(r, seed=1, params=params, chunk_frames=4)])
+    assert float((joined - whole.audio[0]).abs().max()) <= 1e-5
+
+
+def test_structure_of_sampled_codes(custom):
+    res = custom.generate(req(), takes=3, seed=0, params=sampled(custom, 20))
+    for codes in res.codes:
+        assert codes.shape == (20, 16)
+        assert codes.dtype == torch.long
+        assert (codes >= 0).all() and (codes < 2048).all()  # codebook 0 never a control id
+    assert torch.isfinite(res.audio).all() and res.audio.abs().max() <= 1.0
+
+
+def test_greedy_ignores_seed(custom):
+    p = custom.defaults.greedy().replace(max_new_tokens=6)
+    a = custom.generate(req(), seed=1, params=p)
+    b = custom.generate(req(), seed=2, params=p)
+    assert torch.equal(a.codes[0], b.codes[0])
+
+
+def test_progress_and_stop(custom):
+    seen = []
+    custom.generate(req(), params=sampled(custom, 10), on_progress=lambda d, t: seen.append((d, t)))
+    assert seen and seen[-1][0] == 10 and all(t == 10 for _, t in seen)
+    from engine.errors import GenerationInterrupted
+
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return len(calls) > 3
+
+    with pytest.raises(GenerationInterrupted):
+        custom.generate(req(), params=sampled(custom, 10), should_stop=stop)
+    # the engine stays usable after an interruption
+    assert custom.generate(req(), params=sampled(custom, 3)).codes[0].shape == (3, 16)
+
+
+def test_info_reports_what_ran(custom):
+    info = custom.info
+    assert info.device == "cpu" and info.dtype == "float32" and info.cuda_graphs is False
+    assert info.kernels == []
+    assert "custom_voice" in info.summary()

@@ -1,0 +1,106 @@
+// Qwen3-TTS Fast: streaming player of StreamChunks. Listens for the pack's websocket event, schedules
+// every chunk back to back with Web Audio (gap-free), and shows time to first audio and RTF live.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+
+const EVENT = "qwen3tts_fast.stream";
+const NODE = "Qwen3TTSFast_StreamChunks";
+const LEAD_S = 0.08; // initial scheduling lead so the first chunk never starts late
+
+// Inspectable state (also used by the browser test): one entry per node id.
+const state = (window.__qwen3ttsStream = window.__qwen3ttsStream || {});
+let ctx = null;
+
+function audioContext() {
+  if (!ctx) ctx = new (window.AudioContext || window.webkitAudioContext)();
+  if (ctx.state === "suspended") ctx.resume().catch(() => {});
+  return ctx;
+}
+
+function decodePcm(b64, format) {
+  const bin = atob(b64);
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  if (format === "s16le") {
+    const s = new Int16Array(bytes.buffer);
+    const f = new Float32Array(s.length);
+    for (let i = 0; i < s.length; i++) f[i] = s[i] / 32768;
+    return f;
+  }
+  return new Float32Array(bytes.buffer);
+}
+
+function statusBox(node) {
+  if (!node.__qwen3ttsStatus) {
+    const el = document.createElement("div");
+    el.className = "qwen3tts-stream-status";
+    el.style.cssText = "font:11px monospace;color:var(--input-text,#ddd);white-space:pre;padding:2px;";
+    el.textContent = "stream player: idle";
+    node.addDOMWidget("stream_status", "qwen3tts_box", el, { serialize: false });
+    node.__qwen3ttsStatus = el;
+  }
+  return node.__qwen3ttsStatus;
+}
+
+function show(id) {
+  const s = state[id];
+  const node = app.graph?.getNodeById?.(Number(id));
+  if (!s || !node) return;
+  const ttfa = s.ttfaClient == null ? "-" : `${(s.ttfaClient * 1000).toFixed(0)} ms`;
+  const ttfaSrv = s.ttfaServer == null ? "-" : `${(s.ttfaServer * 1000).toFixed(0)} ms`;
+  const rtf = s.rtf == null ? "-" : s.rtf.toFixed(3);
+  statusBox(node).textContent =
+    `${s.done ? "done" : "streaming"}  chunks ${s.chunks}  audio ${s.audioS.toFixed(2)} s\n` +
+    `TTFA ${ttfa} (server ${ttfaSrv})  RTF ${rtf}  gaps ${s.gaps}`;
+}
+
+function onEvent(d) {
+  const id = String(d.node);
+  if (d.phase === "start") {
+    const c = audioContext();
+    state[id] = { t0: performance.now(), sampleRate: d.sample_rate, nextTime: c.currentTime + LEAD_S, chunks: 0,
+      seqs: [], audioS: 0, gaps: 0, ttfaClient: null, ttfaServer: null, rtf: null, done: false, scheduled: [] };
+  } else if (d.phase === "chunk") {
+    const s = state[id];
+    if (!s) return;
+    const c = audioContext();
+    const pcm = decodePcm(d.pcm, d.format);
+    const buf = c.createBuffer(1, pcm.length, s.sampleRate);
+    buf.copyToChannel(pcm, 0);
+    const src = c.createBufferSource();
+    src.buffer = buf;
+    src.connect(c.destination);
+    if (s.nextTime < c.currentTime) { s.gaps += s.chunks > 0 ? 1 : 0; s.nextTime = c.currentTime + LEAD_S; }
+    src.start(s.nextTime);
+    s.scheduled.push([s.nextTime, buf.duration]);
+    s.nextTime += buf.duration;
+    s.chunks += 1;
+    s.seqs.push(d.seq);
+    s.audioS += pcm.length / s.sampleRate;
+    if (s.ttfaClient == null) s.ttfaClient = (performance.now() - s.t0) / 1000;
+    s.ttfaServer = d.ttfa_s;
+    s.rtf = d.elapsed_s / Math.max(d.audio_s, 1e-9);
+  } else if (d.phase === "end") {
+    const s = state[id];
+    if (!s) return;
+    s.done = true;
+    s.rtf = d.rtf;
+  }
+  show(id);
+}
+
+app.registerExtension({
+  name: "qwen3tts_fast.stream_player",
+  setup() {
+    api.addEventListener(EVENT, (e) => onEvent(e.detail));
+  },
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (nodeData.name !== NODE) return;
+    const orig = nodeType.prototype.onNodeCreated;
+    nodeType.prototype.onNodeCreated = function () {
+      const r = orig?.apply(this, arguments);
+      statusBox(this);
+      return r;
+    };
+  },
+});
