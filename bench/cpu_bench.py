@@ -36,8 +36,8 @@ def checkpoint(size: str) -> Path:
     return path
 
 
-def time_ours(path: Path, frames: int, takes: int, repeats: int) -> dict:
-    engine = Engine.load(path, device="cpu", dtype="fp32")
+def time_ours(path: Path, frames: int, takes: int, repeats: int, dtype: str) -> dict:
+    engine = Engine.load(path, device="cpu", dtype=dtype)
     req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
     params = engine.defaults.replace(max_new_tokens=frames)
     engine.generate(req, takes=takes, params=params.replace(max_new_tokens=2))  # warm-up
@@ -56,11 +56,12 @@ def time_ours(path: Path, frames: int, takes: int, repeats: int) -> dict:
     return best
 
 
-def time_official(path: Path, frames: int, repeats: int) -> dict:
+def time_official(path: Path, frames: int, repeats: int, dtype: str) -> dict:
     from tests.oracle import import_qwen_tts
 
     qwen_tts = import_qwen_tts()
-    model = qwen_tts.Qwen3TTSModel.from_pretrained(str(path), device_map="cpu", dtype=torch.float32)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    model = qwen_tts.Qwen3TTSModel.from_pretrained(str(path), device_map="cpu", dtype=torch_dtype)
     kw = dict(text=TEXT, language="English", speaker="ryan")
     model.generate_custom_voice(max_new_tokens=3, **kw)  # warm-up
     best = None
@@ -77,11 +78,21 @@ def time_official(path: Path, frames: int, repeats: int) -> dict:
     return best
 
 
+def measure(path: Path, size: str, dtype: str, frames: int, repeats: int) -> dict:
+    official = time_official(path, frames, repeats, dtype)
+    ours1 = time_ours(path, frames, 1, repeats, dtype)
+    ours4 = time_ours(path, frames, 4, repeats, dtype)
+    return {"size": size, "dtype": dtype, "frames": frames, "official_b1": official, "ours_b1": ours1,
+            "ours_b4": ours4, "speedup_b1": official["e2e_ms_per_frame"] / ours1["e2e_ms_per_frame"],
+            "b4_over_b1": ours4["e2e_ms_per_frame"] / ours1["e2e_ms_per_frame"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", nargs="+", default=["tiny", "0.6b"])
     ap.add_argument("--frames-tiny", type=int, default=50)
-    ap.add_argument("--frames-real", type=int, default=12)
+    ap.add_argument("--frames-real", type=int, default=8)
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -89,29 +100,24 @@ def main() -> None:
     for size in args.sizes:
         path = checkpoint(size)
         frames = args.frames_tiny if size == "tiny" else args.frames_real
-        official = time_official(path, frames, args.repeats)
-        ours1 = time_ours(path, frames, 1, args.repeats)
-        ours4 = time_ours(path, frames, 4, args.repeats)
-        row = {"size": size, "frames": frames, "official_b1": official, "ours_b1": ours1, "ours_b4": ours4,
-               "speedup_b1": official["e2e_ms_per_frame"] / ours1["e2e_ms_per_frame"],
-               "b4_over_b1": ours4["e2e_ms_per_frame"] / ours1["e2e_ms_per_frame"]}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        for dtype in args.dtypes:
+            rows.append(measure(path, size, dtype, frames, args.repeats))
+            print(json.dumps(rows[-1]), flush=True)
     meta = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "dtype": "fp32", "sampling": "checkpoint defaults (do_sample)",
+            "torch": torch.__version__, "sampling": "checkpoint defaults (do_sample)",
             "date": time.strftime("%Y-%m-%d")}
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = ["| checkpoint | frames | official B=1 ms/frame | ours B=1 ms/frame (decode only) | ours B=4 ms/frame "
-             "| speed-up B=1 | B=4 / B=1 |", "|---|---|---|---|---|---|---|"]
+    lines = ["| checkpoint | dtype | frames | official B=1 ms/frame | ours B=1 ms/frame (decode only) "
+             "| ours B=4 ms/frame | speed-up B=1 | B=4 / B=1 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['size']} CustomVoice | {r['frames']} | {r['official_b1']['e2e_ms_per_frame']:.1f} "
+            f"| {r['size']} CustomVoice | {r['dtype']} | {r['frames']} | {r['official_b1']['e2e_ms_per_frame']:.1f} "
             f"| {r['ours_b1']['e2e_ms_per_frame']:.1f} ({r['ours_b1']['decode_ms_per_frame']:.1f}) "
             f"| {r['ours_b4']['e2e_ms_per_frame']:.1f} | {r['speedup_b1']:.2f}x | {r['b4_over_b1']:.2f}x |")
     table = "\n".join(lines)
-    (out / "cpu.md").write_text(f"CPU, {meta['threads']} threads, torch {meta['torch']}, fp32, end-to-end per frame "
+    (out / "cpu.md").write_text(f"CPU ({meta['machine']}), {meta['threads']} threads, torch {meta['torch']}, end-to-end per frame "
                                 f"(prefill + decode + codec), best of {args.repeats}.\n\n{table}\n")
     print(table)
 

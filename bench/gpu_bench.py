@@ -52,7 +52,7 @@ def _mem():
             "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1e9}
 
 
-def worker_ours(ckpt: Path, frames: int, takes_list, mode: str) -> dict:
+def worker_ours(ckpt: Path, frames: int, takes_list, mode: str, triton: str = "auto") -> dict:
     import numpy as np
     import torch
 
@@ -61,10 +61,11 @@ def worker_ours(ckpt: Path, frames: int, takes_list, mode: str) -> dict:
 
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", max_seq_len=1024)
+    eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton=triton, max_seq_len=1024)
     load_s = time.perf_counter() - t
     runner = eng.runner
-    out = {"engine": "ours", "load_s": load_s, "info": eng.info.summary(), "notes": eng.info.notes,
+    out = {"engine": f"ours (triton {triton})", "load_s": load_s, "info": eng.info.summary(), "notes": eng.info.notes,
+           "kernels": eng.info.kernels,
            "warmup_capture_s": runner.capture_seconds}
     voice = None
     if mode == "clone":
@@ -99,7 +100,7 @@ def worker_ours(ckpt: Path, frames: int, takes_list, mode: str) -> dict:
         print(json.dumps({"takes": takes, **best}), flush=True)
     out["takes"] = rows
     out["mem_all"] = _mem()
-    for chunk in (4, 8):
+    for chunk in (4, 8) if 1 in takes_list else ():
         best = None
         for rep in range(3):
             _sync()
@@ -222,6 +223,11 @@ def run_worker(name: str, ckpt: Path, frames: int, extra=()) -> dict:
 
 
 def table(results: dict) -> str:
+    kern = []
+    for key, r in results.items():
+        for name in ("ours", "ours_no_triton"):
+            if "kernels_per_frame" in r.get(name, {}):
+                kern.append(f"{key} {r[name]['engine']}: {r[name]['kernels_per_frame']} kernels/frame")
     lines = ["| model | engine | B | decode ms/frame | e2e ms/frame | RTF (per take) | aggregate RTF | "
              "TTFA chunk 4 / 8 | peak mem B=1 (alloc/reserved GB) | capture s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -233,6 +239,12 @@ def table(results: dict) -> str:
             memtxt = f"{mem.get('peak_alloc_gb', 0):.2f} / {mem.get('peak_reserved_gb', 0):.2f}" if takes == "1" else ""
             lines.append(f"| {key} | ours | {takes} | {row['decode_ms_per_frame']:.2f} | {row['e2e_ms_per_frame']:.2f} "
                          f"| {row['rtf']:.1f} | {row['aggregate_rtf']:.1f} | {ttfa} | {memtxt} | {row['capture_s']:.2f} |")
+        nt = r.get("ours_no_triton", {})
+        if "1" in nt.get("takes", {}):
+            row = nt["takes"]["1"]
+            lines.append(f"| {key} | ours, graphs only (no Triton) | 1 | {row['decode_ms_per_frame']:.2f} | "
+                         f"{row['e2e_ms_per_frame']:.2f} | {row['rtf']:.1f} | {row['aggregate_rtf']:.1f} | "
+                         f"{nt.get('ttfa_chunk4_ms', 0):.0f} / {nt.get('ttfa_chunk8_ms', 0):.0f} ms | | |")
         f = r.get("faster", {})
         if "b1" in f:
             mem = f["mem_b1"]
@@ -244,7 +256,7 @@ def table(results: dict) -> str:
         if "e2e_ms_per_frame" in o:
             lines.append(f"| {key} | official 0.1.1 ({o['frames']} frames) | 1 | – | {o['e2e_ms_per_frame']:.1f} | "
                          f"{o['rtf']:.2f} | {o['rtf']:.2f} | – | – | – |")
-    return "\n".join(lines)
+    return "\n".join(lines) + ("\n\n" + "; ".join(kern) if kern else "")
 
 
 def main() -> None:
@@ -253,6 +265,7 @@ def main() -> None:
     ap.add_argument("--ckpt", type=Path)
     ap.add_argument("--frames", type=int, default=250)
     ap.add_argument("--mode", default="custom")
+    ap.add_argument("--triton", default="auto")
     ap.add_argument("--takes", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--sizes", nargs="+", default=["0.6b", "1.7b"])
@@ -262,7 +275,7 @@ def main() -> None:
     ap.add_argument("--clone", action="store_true", help="also time the 0.6B Base clone path")
     args = ap.parse_args()
     if args.worker == "ours":
-        print(json.dumps(worker_ours(args.ckpt, args.frames, args.takes, args.mode)))
+        print(json.dumps(worker_ours(args.ckpt, args.frames, args.takes, args.mode, args.triton)))
         return
     if args.worker == "faster":
         worker_faster(args.ckpt, args.frames)
@@ -276,6 +289,7 @@ def main() -> None:
         ckpt = checkpoint(size)
         r = results[f"{size} CustomVoice"] = {}
         r["ours"] = run_worker("ours", ckpt, args.frames, ["--takes", *map(str, args.takes)])
+        r["ours_no_triton"] = run_worker("ours", ckpt, args.frames, ["--takes", "1", "--triton", "off"])
         if not args.skip_faster:
             r["faster"] = run_worker("faster", ckpt, args.frames)
         if not args.skip_official:

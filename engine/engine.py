@@ -77,6 +77,12 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def _graphed_type():
+    from .gpu.frame_graph import GraphedFrames
+
+    return GraphedFrames
+
+
 class Engine:
     """Load once, then generate(), stream() and extract_voice() as often as needed."""
 
@@ -104,14 +110,15 @@ class Engine:
             raise InvalidInputError(f"max_takes must be between 1 and 16 (got {max_takes}).")
         dev = _resolve_device(device)
         dt = _resolve_dtype(dtype, dev)
-        if triton == "on":
-            raise UnsupportedConfigError(
-                "Triton kernels were forced on, but this build has none yet; set the option to auto or off.")
         if cuda_graphs == "on" and dev.type != "cuda":
             raise UnsupportedConfigError("CUDA graphs need a CUDA device; set cuda_graphs to auto or off, or use device cuda.")
-        notes = []
-        if triton == "auto":
-            notes.append("Triton kernels: off (none in this build)")
+        from . import kernels
+
+        try:
+            ks, kernel_note = kernels.select(triton, dev)
+        except kernels.KernelUnavailableError as exc:
+            raise UnsupportedConfigError(f"{exc}. Set Triton kernels to auto or off.") from exc
+        notes = [kernel_note]
         t0 = time.perf_counter()
         parts = load_components(Path(model_dir), dev, dt)
         cfg: ModelConfig = parts["config"]
@@ -121,17 +128,22 @@ class Engine:
                      talker=parts["talker"], speaker_encoder=parts["speaker_encoder"], codec=parts["codec"],
                      device=dev, dtype=dt, info=info, max_takes=max_takes, max_seq_len=max_seq_len)
         if dev.type == "cuda" and cuda_graphs != "off":
-            engine._enable_graphs(forced=cuda_graphs == "on")
-        elif cuda_graphs == "auto":
-            notes.append("CUDA graphs: off (CPU)")
+            engine._enable_graphs(forced=cuda_graphs == "on", kernels=ks)
+        else:
+            notes.append(f"CUDA graphs: off ({'CPU' if dev.type == 'cpu' else 'cuda_graphs=off'})")
+            if ks:  # the kernels live in the fused single-token path: run it uncaptured
+                from .gpu.frame_graph import GraphedFrames
+
+                engine.runner = GraphedFrames(engine.talker, max_seq_len, capture=False, kernels=ks)
+        engine.info.kernels = list(ks.active) if isinstance(engine.runner, _graphed_type()) else []
         log.info("loaded %s in %.1f s: %s", model_dir, time.perf_counter() - t0, info.summary())
         return engine
 
-    def _enable_graphs(self, forced: bool) -> None:
+    def _enable_graphs(self, forced: bool, kernels=None) -> None:
         """Switch to whole-frame CUDA graphs, proving capture works on a short warm-up request."""
         from .gpu.frame_graph import GraphedFrames, batch_bucket
 
-        graphed = GraphedFrames(self.talker, self.max_seq_len)
+        graphed = GraphedFrames(self.talker, self.max_seq_len, kernels=kernels)
         eager = self.runner
         self.runner = graphed
         try:

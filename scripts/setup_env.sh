@@ -21,6 +21,7 @@ if [ ! -f "$stamp" ]; then
   pip -r requirements.txt
   if [ "$full" = 1 ]; then
     pip pytest ruff
+    pip --no-deps triton==3.9.0  # the kernel tests run it through its interpreter on CPU
     # The oracle: never let pip resolve qwen-tts' own requirements (gradio, torchaudio, a CUDA torch...).
     pip --no-deps qwen-tts==0.1.1
     pip transformers==4.57.3 accelerate==1.12.0 einops soundfile librosa

@@ -92,16 +92,19 @@ class FrameState:
 
 
 def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_embed, choose) -> torch.Tensor:
-    """Codebooks 1..15: the two-token prefill as in the eager predictor, then 14 fused single-token steps."""
+    """Codebooks 1..15 as 16 fused single-token steps: positions 0 and 1 take [h, E(c0)] (the eager
+    predictor's two-token prefill), then each new code feeds the next position."""
     pred = talker.code_predictor
-    x = torch.stack((s.hidden, c0_embed), dim=1)
-    code = choose(pred.step_logits(x, s.pred_cache, 0, 0).float(), 1)
-    codes = [code]
-    for j in range(2, pred.num_groups + 1):
-        x = pred.small_to_mtp_projection(pred.model.codec_embedding[j - 2](code)[:, None])
+    proj = pred.small_to_mtp_projection
+    fused.step(proj(s.hidden[:, None]), s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0])
+    x = proj(c0_embed[:, None])
+    codes = []
+    for j in range(1, pred.num_groups + 1):
         h = fused.step(x, s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j])
-        code = choose(pred.lm_head[j - 1](h[:, -1]).float(), j)
+        code = choose(pred.lm_head[j - 1](h[:, -1]), j)  # logits in the model dtype
         codes.append(code)
+        if j < pred.num_groups:
+            x = proj(pred.model.codec_embedding[j - 1](code)[:, None])
     return torch.stack(codes, dim=1)
 
 
@@ -109,22 +112,32 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
     """One frame over the static buffers of `s` (the graph captures exactly this)."""
     p = s.p
     pred = talker.code_predictor
-    logits = talker.codec_logits(s.hidden).float()
-    hit = torch.where(logits > 0, logits / p["penalty"], logits * p["penalty"])
-    logits = torch.where(s.seen, hit, logits)
-    mask = s.banned | (s.eos_mask & (s.t < p["min_new"]))
-    logits = logits.masked_fill(mask, float("-inf"))
-    vocab = logits.shape[-1]
-    u = sampling.frame_uniforms(s.keys, s.t, 16, vocab)  # every draw of this frame at once
-    c0 = graph_sampling.choose(logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"], u[:, 0],
-                               s.first[vocab])
-    s.seen.scatter_(1, c0[:, None], True)
-    s.finished |= c0 == s.eos_id
+    ks = fused["talker"].kernels
+    if ks and "sample" in ks.active:  # one kernel: penalty, suppression, sampling and the bookkeeping
+        c0 = ks.sample(talker.codec_logits(s.hidden), p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
+                       keys=s.keys, step=s.t, slot=0, penalty=p["penalty"], seen=s.seen, banned=s.banned,
+                       eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"], finished=s.finished, update=True)
 
-    def choose_residual(lg, j):
-        width = lg.shape[-1]
-        return graph_sampling.choose(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
-                                     u[:, j, :width], s.first[width])
+        def choose_residual(lg, j):
+            return ks.sample(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
+                             keys=s.keys, step=s.t, slot=j)
+    else:
+        logits = talker.codec_logits(s.hidden).float()
+        hit = torch.where(logits > 0, logits / p["penalty"], logits * p["penalty"])
+        logits = torch.where(s.seen, hit, logits)
+        mask = s.banned | (s.eos_mask & (s.t < p["min_new"]))
+        logits = logits.masked_fill(mask, float("-inf"))
+        vocab = logits.shape[-1]
+        u = sampling.frame_uniforms(s.keys, s.t, 16, vocab)  # every draw of this frame at once
+        c0 = graph_sampling.choose(logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"], u[:, 0],
+                                   s.first[vocab])
+        s.seen.scatter_(1, c0[:, None], True)
+        s.finished |= c0 == s.eos_id
+
+        def choose_residual(lg, j):
+            width = lg.shape[-1]
+            return graph_sampling.choose(lg.float(), p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"],
+                                         p["sub_top_p"], u[:, j, :width], s.first[width])
 
     c0_embed = talker.embed_codec(c0)
     rest = predict_residuals(talker, fused["predictor"], s, c0_embed, choose_residual)
@@ -141,9 +154,16 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
 class GraphedFrames:
     """Frame runner (see engine.decode) that replays captured whole-frame graphs."""
 
-    def __init__(self, talker, max_seq_len: int, trailing_rows: int = 4096, capture: bool = True):
+    def __init__(self, talker, max_seq_len: int, trailing_rows: int = 4096, capture: bool = True, kernels=None):
         self.talker = talker
-        self.fused = {"talker": FusedStack(talker.model), "predictor": FusedStack(talker.code_predictor.model)}
+        self.kernels = kernels if kernels else None
+        talker_kernels = self.kernels
+        if self.kernels and "attention" in self.kernels.active:
+            # The Triton decode attention wins on the predictor's 16-position window but loses to cuBLAS at
+            # talker windows of 256+ (bench/results/kernel_bench_bf16.json), so the talker keeps torch's.
+            talker_kernels = type(self.kernels)([n for n in self.kernels.active if n != "attention"])
+        self.fused = {"talker": FusedStack(talker.model, talker_kernels or None),
+                      "predictor": FusedStack(talker.code_predictor.model, self.kernels)}
         self.max_seq_len = max_seq_len
         self.trailing_rows = trailing_rows
         self.capture_enabled = capture

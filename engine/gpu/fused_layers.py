@@ -18,11 +18,9 @@ from ..model.layers import DecoderLayer, DecoderStack
 
 
 def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """fp32: exactly the eager RMSNorm. bf16/fp16: one fused kernel (fp32 inside, one rounding at the end
-    instead of upstream's two, so results can differ from the eager path by one ulp)."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), eps=eps) * weight
-    return F.rms_norm(x, (x.shape[-1],), weight=weight, eps=eps)
+    """Upstream's RMSNorm order in two kernels: F.rms_norm normalises in fp32 internally and rounds to
+    the input dtype once, then the weight multiplies in that dtype."""
+    return F.rms_norm(x, (x.shape[-1],), eps=eps) * weight
 
 
 class FusedLayer:
@@ -83,9 +81,10 @@ def fused(layer: DecoderLayer) -> FusedLayer:
 class FusedStack:
     """Single-token steps over a DecoderStack (talker or code predictor)."""
 
-    def __init__(self, stack: DecoderStack):
+    def __init__(self, stack: DecoderStack, kernels=None):
         self.stack = stack
         self.layers = [fused(layer) for layer in stack.layers]
+        self.kernels = kernels  # engine.kernels.Kernels with something active, or None for plain torch
 
     def rope(self, pos: torch.Tensor, dtype):
         cos, sin = self.stack.rotary(pos, dtype)
@@ -96,6 +95,12 @@ class FusedStack:
     def step(self, x, cache, pos, bias, rope=None):
         """x [B, 1, H] at position pos ([1] long) -> hidden after the final norm [B, 1, H]."""
         cos, sin_signed = rope if rope is not None else self.rope(pos, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer.step(x, cos, sin_signed, cache.k[i], cache.v[i], pos, bias)
+        if self.kernels:
+            from ..kernels.layer_step import layer_step
+
+            for i, layer in enumerate(self.layers):
+                x = layer_step(self.kernels, layer, x, cos, sin_signed, cache.k[i], cache.v[i], pos, bias)
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer.step(x, cos, sin_signed, cache.k[i], cache.v[i], pos, bias)
         return self.stack.norm(x)

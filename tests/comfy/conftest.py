@@ -26,6 +26,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     why_comfy = comfy_missing()
+    if why_comfy and os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":  # CI: a missing tier is a failure
+        raise pytest.UsageError(f"QWEN3TTS_STRICT_TESTS=1 but {why_comfy}")
     why_engine = None
     here = Path(__file__).resolve().parent
     for item in items:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ FOLDER = "qwen3-tts-fast"  # the pack's folder name under custom_nodes/ = templa
 def stack(comfy_base, tmp_path_factory):
     chromium = chromium_path()
     if not chromium:
+        if os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":
+            pytest.fail("QWEN3TTS_STRICT_TESTS=1 but no chromium: apt-get install -y chromium (or set CHROMIUM=/path)")
         pytest.skip("no chromium: apt-get install -y chromium (or set CHROMIUM=/path)")
     from cdp import page_ws_url, start_chromium
 

@@ -1,0 +1,138 @@
+"""Decode-shape microbenchmarks of the Triton kernels (engine/kernels) against their torch references.
+
+Each op is captured 50 times into one CUDA graph and the graph replayed, so the time per op includes
+the in-graph launch cost the whole-frame graph pays. Rows M = 1, 4, 8, 16; 0.6B / 1.7B widths.
+
+    python bench/kernel_bench.py --out bench/results/kernels [--dtype bf16] [--reps 20]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import kernels
+from engine.gpu import graph_sampling
+from engine.kernels import (
+    attention,
+    qk_norm_rope_kv,
+    rms_norm,
+    sample,
+    selftest,
+    silu_mul,
+)
+
+ROWS = (1, 4, 8, 16)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def graph_time_us(fn, inner=50, reps=20) -> float:
+    """Median microseconds per call of fn, measured as replays of a graph holding `inner` calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / inner)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def cases(dt, dev):
+    """(name, shape dict, triton fn, reference fn, torch kernels replaced) at decode shapes."""
+    out = []
+    for m in ROWS:
+        for n in (1024, 2048):
+            x = torch.randn(m, 1, n, device=dev, dtype=dt)
+            w = torch.randn(n, device=dev, dtype=dt)
+            out.append(("rms_norm", {"M": m, "N": n}, lambda x=x, w=w: rms_norm.rms_norm(x, w, 1e-6),
+                        lambda x=x, w=w: rms_norm.reference(x, w, 1e-6)))
+        for inter in (3072, 6144):
+            gu = torch.randn(m, 1, 2 * inter, device=dev, dtype=dt)
+            out.append(("silu_mul", {"M": m, "I": inter}, lambda gu=gu: silu_mul.silu_mul(gu),
+                        lambda gu=gu: silu_mul.reference(gu)))
+        nh, nkv, d = 16, 8, 128
+        qkv = torch.randn(m, 1, (nh + 2 * nkv) * d, device=dev, dtype=dt)
+        wq = torch.ones(nh + nkv, d, device=dev, dtype=dt)
+        cos, sin = selftest.rope_tables(d, 100, dt, dev)
+        kc, vc = (torch.zeros(m, nkv, 2048, d, device=dev, dtype=dt) for _ in range(2))
+        pos = torch.tensor([100], device=dev)
+        out.append(("qk_norm_rope_kv", {"B": m, "nh": nh, "nkv": nkv, "D": d},
+                    lambda a=(qkv, wq, cos, sin, 1e-6, kc, vc, pos, nh, nkv): qk_norm_rope_kv.qk_norm_rope_kv(*a),
+                    lambda a=(qkv, wq, cos, sin, 1e-6, kc, vc, pos, nh, nkv): qk_norm_rope_kv.reference(*a)))
+        q = torch.randn(m, nh, d, device=dev, dtype=dt)
+        for w in (16, 256, 1024, 2048):
+            bias = torch.zeros(w, device=dev, dtype=dt)
+            for bn in ((16,) if w == 16 else (32, 64)):
+                out.append(("attention", {"B": m, "W": w, "block_n": bn},
+                            lambda a=(q, kc, vc, bias, d ** -0.5), bn=bn: attention.attention(*a, block_n=bn),
+                            lambda a=(q, kc, vc, bias, d ** -0.5): attention.reference(*a)))
+        for vocab, k, p in ((3072, 50, 1.0), (2048, 50, 1.0), (2048, 50, 0.9), (2048, 0, 0.95)):
+            lg, st = selftest.sampling_case(dev, m, vocab, 0, top_k=k, top_p=p)
+            keys = torch.arange(m, device=dev)
+            step = torch.tensor([3], device=dev)
+            first = torch.zeros(m, vocab, dtype=torch.bool, device=dev)
+            first[:, 0] = True
+            from engine import sampling
+
+            def ref(lg=lg, st=st, keys=keys, step=step, vocab=vocab, first=first):
+                u = sampling.uniforms(keys, step.reshape(()), 1, vocab)
+                return graph_sampling.choose(lg, *st, u, first)
+
+            out.append(("sample", {"B": m, "V": vocab, "top_k": k, "top_p": p},
+                        lambda lg=lg, st=st, keys=keys, step=step: sample.sample(lg, *st, keys=keys, step=step, slot=1),
+                        ref))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="directory for kernel_bench_<dtype>.json")
+    ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    ok, why = kernels.available("cuda")
+    if not ok:
+        sys.exit(f"kernel_bench needs the Triton kernels on CUDA: {why}")
+    dt, dev = DTYPES[args.dtype], "cuda"
+    rows = []
+    for name, shape, fn, ref in cases(dt, dev):
+        t_k = graph_time_us(fn, reps=args.reps)
+        t_r = graph_time_us(ref, reps=args.reps)
+        rows.append(dict(kernel=name, **shape, triton_us=round(t_k, 2), torch_us=round(t_r, 2),
+                         speedup=round(t_r / t_k, 2)))
+        print(f"{name:16s} {json.dumps(shape):50s} triton {t_k:8.2f} us   torch {t_r:8.2f} us   x{t_r / t_k:5.2f}",
+              flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": args.dtype,
+                "triton": __import__("triton").__version__, "python": platform.python_version(),
+                "when": time.strftime("%Y-%m-%d %H:%M:%S"), "method": "median of graph replays, 50 calls per graph"}
+    path = out / f"kernel_bench_{args.dtype}.json"
+    path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Optional Triton kernels for the single-token decode step and the graphed sampling.
+
+Importing this package never imports Triton: each kernel module builds its Triton function on first
+use. Every kernel module holds the kernel, its launcher and a plain-torch `reference` with the same
+numerics as engine/gpu/fused_layers.py and engine/gpu/graph_sampling.py; the reference is the "off"
+path and the test oracle.
+
+Use:
+    ks, why = select(mode, device)   # mode "auto" | "on" | "off"
+    ks.active                        # names of the kernels that run as Triton
+    ks.rms_norm(x, w, eps) ...       # dispatches to Triton or to the reference
+
+A `Kernels` object belongs to one engine instance (FusedStack / GraphedFrames hold it); nothing is patched
+on any class. Apply it before capturing graphs: a graph records whichever path ran at capture.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from ..errors import Qwen3TTSError
+
+NAMES = ("rms_norm", "qk_norm_rope_kv", "silu_mul", "attention", "sample")
+MODES = ("auto", "on", "off")
+
+
+class KernelUnavailableError(Qwen3TTSError):
+    """kernels="on" was asked for on a machine where the Triton kernels cannot run."""
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def available(device=None) -> tuple[bool, str]:
+    """(True, what runs) when the Triton kernels can run on `device` (default: cuda), else (False, why).
+
+    Under TRITON_INTERPRET=1 the kernels also run on CPU tensors (slowly: tests only)."""
+    import torch
+
+    if importlib.util.find_spec("triton") is None:
+        return False, "triton is not installed (pip install triton)"
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    if interpreting():
+        return True, "triton interpreter (TRITON_INTERPRET=1)"
+    if dev.type != "cuda":
+        return False, f"the Triton kernels need a CUDA device (got {dev.type})"
+    if not torch.cuda.is_available():
+        return False, "CUDA is not available"
+    major, _ = torch.cuda.get_device_capability(dev)
+    if major < 8:
+        return False, f"needs compute capability >= 8.0 (bf16); device has {major}.x"
+    try:
+        import triton
+    except (ImportError, OSError, RuntimeError) as exc:  # a broken install must not break "auto"
+        return False, f"triton failed to import: {exc}"
+    return True, f"triton {triton.__version__} on {torch.cuda.get_device_name(dev)}"
+
+
+class Kernels:
+    """Dispatch table of one engine instance: each op runs as Triton if its name is in `active`."""
+
+    def __init__(self, active=()):
+        unknown = set(active) - set(NAMES)
+        if unknown:
+            raise ValueError(f"unknown kernels {sorted(unknown)}; known: {NAMES}")
+        self.active = tuple(n for n in NAMES if n in active)
+
+    def __repr__(self) -> str:
+        return f"Kernels(active={self.active})"
+
+    def __bool__(self) -> bool:
+        return bool(self.active)
+
+    def _mod(self, name):
+        return importlib.import_module(f"{__name__}.{name}")
+
+    def rms_norm(self, x, weight, eps):
+        m = self._mod("rms_norm")
+        return (m.rms_norm if "rms_norm" in self.active else m.reference)(x, weight, eps)
+
+    def qk_norm_rope_kv(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv):
+        m = self._mod("qk_norm_rope_kv")
+        fn = m.qk_norm_rope_kv if "qk_norm_rope_kv" in self.active else m.reference
+        return fn(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
+
+    def silu_mul(self, gu):
+        m = self._mod("silu_mul")
+        return (m.silu_mul if "silu_mul" in self.active else m.reference)(gu)
+
+    def attention(self, q, k_cache, v_cache, bias, scale):
+        m = self._mod("attention")
+        return (m.attention if "attention" in self.active else m.reference)(q, k_cache, v_cache, bias, scale)
+
+    def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
+        m = self._mod("sample")
+        return (m.sample if "sample" in self.active else m.reference)(
+            logits, do_sample, temperature, k_index, top_p, **kw)
+
+
+def select(mode: str = "auto", device=None, names=NAMES) -> tuple[Kernels, str]:
+    """Kernels for one engine instance and a sentence saying what was chosen and why.
+
+    "off": references only. "on": all of `names`, or KernelUnavailableError. "auto": on when available()."""
+    if mode not in MODES:
+        raise ValueError(f"kernels must be one of {MODES} (got {mode!r})")
+    if mode == "off":
+        return Kernels(), "triton kernels off (kernels='off')"
+    ok, why = available(device)
+    if ok and mode == "auto" and interpreting():  # the interpreter is for tests: "auto" never picks it
+        ok, why = False, "TRITON_INTERPRET=1 is set (interpreter for tests only)"
+    if not ok:
+        if mode == "on":
+            raise KernelUnavailableError(f"kernels='on' but the Triton kernels cannot run: {why}")
+        return Kernels(), f"triton kernels off (auto): {why}"
+    ks = Kernels(names)
+    return ks, f"triton kernels on ({why}): {', '.join(ks.active)}"

@@ -1,0 +1,205 @@
+"""Fused graph-safe sampling of one id per row in one launch (replaces ~22 kernels per choose, and for
+codebook 0 also the penalty / suppression / seen / finished kernels and the uniforms).
+
+Semantics are exactly engine.gpu.graph_sampling.choose, with every setting a 0-d device tensor:
+greedy argmax when not do_sample; else x = logits / temperature, top-k keeps ids with x >= the value
+at sorted position k_index (ties kept), probabilities are the softmax over those, top-p keeps the
+smallest prefix of the descending order whose mass reaches p (the first always kept), and the id is the
+exponential race argmax p_i / -log(u_i).
+
+No sort: the k-th largest value and the top-p cut are found by a 32-step bisection over the
+order-preserving integer keys of the float32 values (each step one count / masked sum over the row held
+in registers), skipped at run time when top-k or top-p is disabled, and the whole sampled branch is
+skipped when do_sample is false. Differences from the torch path: only at exact ties of values at the
+top-p boundary (the kernel keeps every tied id; the sort keeps an arbitrary subset) and ulp-level
+rounding of the probabilities (a different summation order), which can flip a race that is tied to
+~1e-7 relative.
+
+Optional, folded in the same launch:
+  * uniforms from the per-take counter hash (engine.sampling.uniforms(keys, step, slot, V)), bit-exact;
+  * codebook-0 logits processing of frame_graph.frame_body: repetition penalty on `seen`, suppression
+    of `banned | (eos_mask & (t < min_new))`;
+  * the bookkeeping after the draw: seen[row, id] = True and finished[row] |= eos_mask[id].
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._util import next_pow2
+
+triton = tl = libdevice = _exp = _log = _mix32 = _order_key = None  # bound on first use by _kernel()
+
+
+def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
+              first=None, penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
+              finished=None, update=False):
+    """The torch ops of frame_graph.frame_body / graph_sampling.choose (the off path and the oracle)."""
+    from .. import sampling
+    from ..gpu import graph_sampling
+
+    logits = logits.float()
+    if penalty is not None:
+        hit = torch.where(logits > 0, logits / penalty, logits * penalty)
+        logits = torch.where(seen, hit, logits)
+        mask = banned | (eos_mask & (t < min_new))
+        logits = logits.masked_fill(mask, float("-inf"))
+    b, vocab = logits.shape
+    if u is None:
+        u = sampling.uniforms(keys, step.reshape(()), slot, vocab)
+    if first is None:
+        first = torch.zeros(b, vocab, dtype=torch.bool, device=logits.device)
+        first[:, 0] = True
+    ids = graph_sampling.choose(logits, do_sample, temperature, k_index, top_p, u, first)
+    if update:
+        seen.scatter_(1, ids[:, None], True)
+        finished |= eos_mask[ids]
+    return ids
+
+
+@functools.cache
+def _kernel():
+    global triton, tl, _exp, _log, _mix32, _order_key  # the interpreter resolves names in module globals
+    import triton
+    import triton.language as tl
+
+    from . import interpreting
+
+    if interpreting():  # the interpreter has no libdevice; numpy's exp / log are correctly rounded anyway
+        @triton.jit
+        def _exp(x):
+            return tl.exp(x)
+
+        @triton.jit
+        def _log(x):
+            return tl.log(x)
+    else:  # libdevice expf / logf, the functions torch's CUDA softmax and log call (tl.exp is ex2.approx)
+        global libdevice
+        from triton.language.extra import libdevice
+
+        @triton.jit
+        def _exp(x):
+            return libdevice.exp(x)
+
+        @triton.jit
+        def _log(x):
+            return libdevice.log(x)
+
+    @triton.jit
+    def _mix32(x):
+        x = (x ^ (x >> 16)) * 0x7FEB352D
+        x = (x ^ (x >> 15)) * 0x846CA68B
+        return x ^ (x >> 16)
+
+    @triton.jit
+    def _order_key(x):
+        bits = x.to(tl.uint32, bitcast=True)
+        return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
+
+    @triton.jit
+    def sample_kernel(logits_ptr, stride_l, u_ptr, stride_u, ids_ptr,
+                      do_sample_ptr, temp_ptr, kidx_ptr, top_p_ptr,
+                      keys_ptr, step_ptr, slot,
+                      penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, min_new_ptr, finished_ptr,
+                      V, BLOCK: tl.constexpr, HAS_U: tl.constexpr, PENALTY: tl.constexpr, UPDATE: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        valid = cols < V
+        NEG = float("-inf")
+        lg = tl.load(logits_ptr + row * stride_l + cols, mask=valid, other=NEG).to(tl.float32)
+        if PENALTY:
+            pen = tl.load(penalty_ptr)
+            hit = tl.where(lg > 0, tl.div_rn(lg, pen), lg * pen)
+            seen = tl.load(seen_ptr + row * stride_seen + cols, mask=valid, other=0) != 0
+            lg = tl.where(seen, hit, lg)
+            early = tl.load(t_ptr) < tl.load(min_new_ptr)
+            banned = tl.load(banned_ptr + cols, mask=valid, other=0) != 0
+            eos = tl.load(eos_ptr + cols, mask=valid, other=0) != 0
+            lg = tl.where(banned | (eos & early), NEG, lg)
+            lg = tl.where(valid, lg, NEG)
+        idx = tl.argmax(lg, axis=0)  # greedy: first maximum
+        if tl.load(do_sample_ptr) != 0:
+            x = tl.div_rn(lg, tl.load(temp_ptr))
+            key = _order_key(x)
+            kidx = tl.load(kidx_ptr)
+            # top-k: the largest key K with count(key >= K) >= kidx + 1 is the key at sorted position kidx
+            kth = tl.full((), 0, tl.uint32)
+            if kidx < V - 1:
+                bit = tl.full((), 0x80000000, tl.uint32)
+                for _ in range(32):
+                    cand = kth | bit
+                    cnt = tl.sum(tl.where(valid & (key >= cand), 1, 0), axis=0)
+                    kth = tl.where(cnt > kidx, cand, kth)
+                    bit = bit >> 1
+            keep = valid & (key >= kth)
+            m = tl.max(tl.where(keep, x, NEG), axis=0)
+            e = tl.where(keep, _exp(x - m), 0.0)
+            p = tl.div_rn(e, tl.sum(e, axis=0))
+            # top-p: the largest key K whose inclusive mass sum(p[key >= K]) reaches top_p; keep key >= K
+            top_p = tl.load(top_p_ptr)
+            cut = tl.full((), 0, tl.uint32)
+            if top_p < 1.0:
+                bit = tl.full((), 0x80000000, tl.uint32)
+                for _ in range(32):
+                    cand = cut | bit
+                    mass = tl.sum(tl.where(keep & (key >= cand), p, 0.0), axis=0)
+                    cut = tl.where(mass >= top_p, cand, cut)
+                    bit = bit >> 1
+            keep = keep & (key >= cut)
+            if HAS_U:
+                u = tl.load(u_ptr + row * stride_u + cols, mask=valid, other=0.5)
+            else:
+                k = tl.load(keys_ptr + row).to(tl.uint32)
+                step = tl.load(step_ptr).to(tl.uint32)
+                base = _mix32(k + step * 0x9E3779B9 + (tl.full((), 0, tl.uint32) + slot) * 0x85EBCA6B)
+                h = _mix32(_mix32(base ^ (cols.to(tl.uint32) * 0xC2B2AE35)) ^ k)
+                u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+            race = tl.where(keep, tl.div_rn(p, -_log(u)), 0.0)
+            idx = tl.argmax(race, axis=0)
+        tl.store(ids_ptr + row, idx.to(tl.int64))
+        if UPDATE:
+            tl.store(seen_ptr + row * stride_seen + idx, 1)
+            fin = tl.load(finished_ptr + row) | tl.load(eos_ptr + idx)
+            tl.store(finished_ptr + row, fin)
+
+    return sample_kernel
+
+
+def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
+           first=None, penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
+           finished=None, update=False, num_warps=None):
+    """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
+
+    Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
+    graph_sampling.kth_index). Uniforms: u [B, V] float32, or keys [B] long + step (0-d / 1-elem long
+    device tensor) + slot (int) to draw them inside. `first` is accepted for call compatibility and unused.
+    Codebook 0: penalty (0-d float32), seen [B, V] bool, banned / eos_mask [V] bool, t / min_new long;
+    update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool)."""
+    b, vocab = logits.shape
+    assert logits.stride(-1) == 1
+    ids = torch.empty(b, dtype=torch.long, device=logits.device)
+    dummy = logits
+    has_u = u is not None
+    if has_u:
+        assert u.dtype == torch.float32 and u.stride(-1) == 1 and u.shape[-1] >= vocab
+    else:
+        assert keys is not None and step is not None, "give u, or keys + step (+ slot)"
+    pen = penalty is not None
+    if update:
+        assert pen and finished is not None, "update needs the codebook-0 tensors (seen, eos_mask, finished)"
+
+    def u8(x):
+        return x.view(torch.uint8) if x is not None and x.dtype == torch.bool else x
+
+    block = next_pow2(vocab)
+    _kernel()[(b,)](
+        logits, logits.stride(0), u if has_u else dummy, u.stride(0) if has_u else 0, ids,
+        u8(do_sample), temperature, k_index, top_p,
+        keys if keys is not None else ids, step if step is not None else ids, int(slot),
+        penalty if pen else dummy, u8(seen) if pen else dummy, seen.stride(0) if pen else 0,
+        u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,
+        min_new if pen else ids, u8(finished) if update else dummy,
+        vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update),
+        num_warps=num_warps or (4 if block <= 2048 else 8))
+    return ids

@@ -1,0 +1,221 @@
+"""Checks of every kernel against its plain-torch reference, shared by tests/test_kernels.py (CPU,
+Triton interpreter) and tests/gpu/test_kernels_gpu.py (CUDA). Run on a GPU box with
+`python -m engine.kernels.selftest` for a quick pass over all shape classes.
+
+Tolerances (per element, |got - want| <= atol + rtol * |want|), about two ulps of the dtype: the kernels
+follow the torch path's rounding points, and what is left is the order of fp32 sums, rsqrt/exp
+implementations and (attention only) the unrounded probabilities.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+# q/k after RoPE: a one-ulp difference of the normed value (sum order / rsqrt) survives the cancellation in
+# q*cos + rot(q)*sin as an absolute error of about one ulp of the normed magnitude (|q| up to ~8 here)
+ROPE_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1.6e-2, 2e-3), torch.bfloat16: (1.25e-1, 1.6e-2)}
+ATTN_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3.2e-2, 3.2e-2)}
+
+
+def _close(got, want, tol, what):
+    atol, rtol = tol
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _rand(shape, dtype, device, seed, scale=1.0, shift=0.0):
+    return (torch.randn(shape, generator=_gen(seed)) * scale + shift).to(dtype).to(device)
+
+
+def check_rms_norm(device, dtype, m, n, seed=0):
+    from . import rms_norm as k
+
+    x = _rand((m, 1, n), dtype, device, seed, 2.0)
+    w = _rand((n,), dtype, device, seed + 1, 0.5, 1.0)
+    _close(k.rms_norm(x, w, 1e-6), k.reference(x, w, 1e-6), TOL[dtype], f"rms_norm {dtype} M={m} N={n}")
+
+
+def check_silu_mul(device, dtype, m, inter, seed=0):
+    from . import silu_mul as k
+
+    gu = _rand((m, 1, 2 * inter), dtype, device, seed, 3.0)
+    _close(k.silu_mul(gu), k.reference(gu), TOL[dtype], f"silu_mul {dtype} M={m} I={inter}")
+
+
+def rope_tables(d, pos, dtype, device, base=1_000_000.0):
+    """cos and the signed sin (rotate_half(x) * sin == cat(x2, x1) * [-sin1, sin2]) as FusedStack.rope."""
+    inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    ang = torch.cat([pos * inv, pos * inv])
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    half = d // 2
+    return cos[None].to(device), torch.cat((-sin[:half], sin[half:]))[None].to(device)
+
+
+def check_qk_norm_rope_kv(device, dtype, b, nh=16, nkv=8, d=128, seq=32, pos=7, pad=64, seed=0):
+    """qkv rows with a larger stride (pad columns after the v heads), caches filled with noise."""
+    from . import qk_norm_rope_kv as k
+
+    width = (nh + 2 * nkv) * d
+    qkv = _rand((b, 1, width + pad), dtype, device, seed, 2.0)[..., :width]
+    w = _rand((nh + nkv, d), dtype, device, seed + 1, 0.3, 1.0)
+    cos, sin = rope_tables(d, pos, dtype, device)
+    caches = [_rand((b, nkv, seq, d), dtype, device, seed + 2 + i) for i in range(2)]
+    mine = [c.clone() for c in caches]
+    p = torch.tensor([pos], device=device)
+    want = k.reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], p, nh, nkv)
+    got = k.qk_norm_rope_kv(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, nh, nkv)
+    what = f"qk_norm_rope_kv {dtype} B={b}"
+    _close(got, want, ROPE_TOL[dtype], what + " q")
+    _close(mine[0], caches[0], ROPE_TOL[dtype], what + " k_cache")
+    assert torch.equal(mine[1], caches[1]), what + " v_cache differs"
+
+
+def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, filled=9, seed=0, block_n=16):
+    from . import attention as k
+
+    q = _rand((b, nh, d), dtype, device, seed)
+    kc = _rand((b, nkv, seq, d), dtype, device, seed + 1)
+    vc = _rand((b, nkv, seq, d), dtype, device, seed + 2)
+    bias = torch.where(torch.arange(window) < filled, 0.0, float("-inf")).to(dtype).to(device)
+    scale = d ** -0.5
+    _close(k.attention(q, kc, vc, bias, scale, block_n=block_n), k.reference(q, kc, vc, bias, scale),
+           ATTN_TOL[dtype], f"attention {dtype} B={b} W={window}")
+
+
+# ------------------------------------------------------------------------------------------------
+# sampling
+
+
+def sampling_case(device, b, vocab, seed, *, do_sample=True, temperature=0.9, top_k=50, top_p=1.0,
+                  scale=3.0, ties=False):
+    from ..gpu import graph_sampling
+
+    logits = torch.randn(b, vocab, generator=_gen(seed)) * scale
+    if ties:  # quantised logits: many exact ties (top-k keeps them all; top-p boundary ties may differ)
+        logits = (logits * 2).round() / 2
+    f32 = {"device": device, "dtype": torch.float32}
+    settings = (torch.tensor(do_sample, device=device), torch.tensor(temperature, **f32),
+                torch.tensor(graph_sampling.kth_index(top_k, vocab), device=device), torch.tensor(top_p, **f32))
+    return logits.to(device), settings
+
+
+def race_margin(logits, settings, u, ids_a, ids_b):
+    """Relative gap between the reference race values of two ids (a near-tie explains a flip)."""
+    _do_sample, temperature, k_index, _top_p = settings
+    x = logits.float() / temperature
+    s, _order = torch.sort(x, dim=-1, descending=True)
+    kth = s.gather(-1, k_index.view(1, 1).expand(x.shape[0], 1))
+    probs = torch.softmax(x.masked_fill(x < kth, float("-inf")), -1)
+    race = probs / -torch.log(u)
+    ra, rb = race.gather(-1, ids_a[:, None])[:, 0], race.gather(-1, ids_b[:, None])[:, 0]
+    return ((ra - rb).abs() / torch.maximum(ra, rb).clamp_min(1e-30))
+
+
+def check_sample_exact(device, b, vocab, seed=0, rng="u", max_flips=0, **case):
+    """Ids equal to graph_sampling.choose on every row (rows that differ must be race near-ties)."""
+    from .. import sampling
+    from . import sample as k
+
+    logits, settings = sampling_case(device, b, vocab, seed, **case)
+    keys = sampling.take_keys(seed, range(b), device)
+    step = torch.tensor([3 + seed], device=device)
+    slot = seed % 16
+    u = sampling.uniforms(keys, step.reshape(()), slot, vocab)
+    want = k.reference(logits, *settings, u=u)
+    if rng == "u":
+        got = k.sample(logits, *settings, u=u)
+    else:
+        got = k.sample(logits, *settings, keys=keys, step=step, slot=slot)
+    bad = got != want
+    if bad.any():
+        margin = race_margin(logits, settings, u, got, want)[bad]
+        assert int(bad.sum()) <= max_flips and bool((margin < 1e-5).all()), (
+            f"sample V={vocab} {case}: {int(bad.sum())} of {b} rows differ (race margins {margin.tolist()})")
+
+
+def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min_new=2):
+    """Codebook 0 in one launch: penalty + suppression + in-kernel uniforms + seen / finished update."""
+    from .. import sampling
+    from . import sample as k
+
+    logits, settings = sampling_case(device, b, vocab, seed, do_sample=do_sample, top_p=0.8)
+    logits = logits.to(torch.bfloat16)  # the head's dtype: the kernel converts, the reference calls .float()
+    g = _gen(seed + 7)
+    seen = (torch.rand(b, vocab, generator=g) < 0.05).to(device)
+    eos_id = vocab - 1024 + 2
+    banned = sampling.control_mask(vocab, eos_id, device)
+    eos_mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    eos_mask[eos_id] = True
+    if do_sample:  # make EOS likely so that finished flips on some rows
+        logits[: b // 2, eos_id] = 8.0
+    f32 = {"device": device, "dtype": torch.float32}
+    common = {"keys": sampling.take_keys(seed, range(b), device), "step": torch.tensor([t], device=device), "slot": 0,
+                  "penalty": torch.tensor(1.3, **f32), "banned": banned, "eos_mask": eos_mask,
+                  "t": torch.tensor(t, device=device), "min_new": torch.tensor(min_new, device=device), "update": True}
+    ref_seen, ref_fin = seen.clone(), torch.zeros(b, dtype=torch.bool, device=device)
+    want = k.reference(logits, *settings, seen=ref_seen, finished=ref_fin, **common)
+    my_seen, my_fin = seen.clone(), torch.zeros(b, dtype=torch.bool, device=device)
+    got = k.sample(logits, *settings, seen=my_seen, finished=my_fin, **common)
+    assert torch.equal(got, want), f"penalised sample differs: {got.tolist()} vs {want.tolist()}"
+    assert torch.equal(my_seen, ref_seen) and torch.equal(my_fin, ref_fin)
+
+
+def check_sample_distribution(device, draws, vocab=2048, seed=0, top_k=6, top_p=0.9, temperature=0.8):
+    """Chi-square of the kernel's draws (one row per draw, per-take uniforms) against the reference
+    sampler's kept distribution; returns the p-value's statistic and asserts it below the 0.999 quantile."""
+    from .. import sampling
+    from ..gpu import graph_sampling
+    from . import sample as k
+
+    row = torch.randn(1, vocab, generator=_gen(seed)) * 1.5
+    logits = row.expand(draws, vocab).contiguous().to(device)
+    f32 = {"device": device, "dtype": torch.float32}
+    settings = (torch.tensor(True, device=device), torch.tensor(temperature, **f32),
+                torch.tensor(graph_sampling.kth_index(top_k, vocab), device=device), torch.tensor(top_p, **f32))
+    keys = sampling.take_keys(seed, range(draws), device)
+    got = k.sample(logits, *settings, keys=keys, step=torch.tensor([0], device=device), slot=1).cpu()
+    # expected: the reference filter (HF semantics) then softmax
+    probs = torch.softmax(sampling.filter_top_k_top_p(row / temperature, top_k, top_p), -1)[0].double()
+    support = torch.nonzero(probs > 0)[:, 0]
+    assert bool(torch.isin(got, support).all()), "drew an id outside the kept set"
+    counts = torch.bincount(got, minlength=vocab).double()[support]
+    expected = probs[support] * draws
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    dof = len(support) - 1
+    # Wilson-Hilferty 0.999 quantile of chi-square(dof)
+    z = 3.090
+    limit = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < limit, f"chi-square {chi2:.1f} >= {limit:.1f} (dof {dof}): {counts.tolist()} vs {expected.tolist()}"
+    return chi2, dof
+
+
+def run_all(device="cuda", verbose=True):
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    for dt in dtypes:
+        for m in (1, 4, 8, 16):
+            for n in (1024, 2048):
+                check_rms_norm(device, dt, m, n)
+            for inter in (3072, 6144):
+                check_silu_mul(device, dt, m, inter)
+            check_qk_norm_rope_kv(device, dt, m)
+            for w in (16, 256, 1024):
+                check_attention(device, dt, m, seq=max(64, w), window=w, filled=w - 3, block_n=64)
+    for vocab in (2048, 3072):
+        for case in ({"do_sample": False}, {}, {"top_k": 0}, {"top_p": 0.8}, {"top_k": 1},
+                     {"top_k": 20, "top_p": 0.5, "temperature": 1.3}, {"top_k": 0, "top_p": 0.95, "scale": 1.0}):
+            check_sample_exact(device, 256, vocab, max_flips=2, **case)
+            check_sample_exact(device, 64, vocab, rng="hash", max_flips=1, **case)
+    check_sample_penalty(device, 16)
+    check_sample_penalty(device, 16, do_sample=False, t=5)
+    chi2, dof = check_sample_distribution(device, 200_000, top_k=50, top_p=0.95)
+    if verbose:
+        print(f"all kernel checks passed on {device} (chi-square {chi2:.1f}, dof {dof})")
+
+
+if __name__ == "__main__":
+    run_all()

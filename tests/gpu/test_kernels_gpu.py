@@ -1,0 +1,110 @@
+"""Triton kernels against their plain-torch references on CUDA at every decode shape (rows 1, 4, 8, 16;
+widths of the 0.6B and 1.7B models), plus many sampled rows and a large-draw chi-square test.
+Same checks and tolerances as tests/test_kernels.py (engine/kernels/selftest.py)."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from engine import kernels
+from engine.kernels import selftest as st
+
+DEV = "cuda"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ROWS = [1, 4, 8, 16]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _need_triton():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    ok, why = kernels.available("cuda")
+    if not ok:
+        pytest.skip(why)
+
+
+def test_select_on():
+    ks, why = kernels.select("on", "cuda")
+    assert ks.active == kernels.NAMES, why
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", ROWS)
+def test_rms_norm(dtype, m):
+    for n in (1024, 2048):
+        st.check_rms_norm(DEV, dtype, m, n, seed=m + n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", ROWS)
+def test_silu_mul(dtype, m):
+    for inter in (3072, 6144):
+        st.check_silu_mul(DEV, dtype, m, inter, seed=m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", ROWS)
+def test_qk_norm_rope_kv(dtype, b):
+    for pos in (0, 17, 2047):
+        st.check_qk_norm_rope_kv(DEV, dtype, b, seq=2048, pos=pos, seed=b + pos)
+
+
+def test_qk_norm_rope_kv_in_cuda_graph():
+    """pos is read on the device: one captured graph writes wherever pos points at replay."""
+    from engine.kernels import qk_norm_rope_kv as k
+
+    b, nh, nkv, d = 2, 16, 8, 128
+    qkv = torch.randn(b, (nh + 2 * nkv) * d, device=DEV, dtype=torch.bfloat16)
+    w = torch.ones(nh + nkv, d, device=DEV, dtype=torch.bfloat16)
+    cos, sin = st.rope_tables(d, 0, torch.bfloat16, DEV)
+    kc, vc = (torch.zeros(b, nkv, 8, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    pos = torch.tensor([0], device=DEV)
+    k.qk_norm_rope_kv(qkv, w, cos, sin, 1e-6, kc, vc, pos, nh, nkv)  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        k.qk_norm_rope_kv(qkv, w, cos, sin, 1e-6, kc, vc, pos, nh, nkv)
+    kc.zero_()
+    vc.zero_()
+    for p in (3, 5):
+        pos.fill_(p)
+        g.replay()
+    torch.cuda.synchronize()
+    filled = vc.abs().sum((0, 1, 3)) > 0
+    assert filled.tolist() == [False, False, False, True, False, True, False, False]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", ROWS)
+def test_attention(dtype, b):
+    st.check_attention(DEV, dtype, b, seq=16, window=16, filled=1 + b - 1, seed=b)
+    for w in (256, 1024, 2048):
+        st.check_attention(DEV, dtype, b, seq=w + 64, window=w, filled=w - 5, seed=b + w, block_n=64)
+
+
+SAMPLE_CASES = {
+    "greedy": {"do_sample": False},
+    "default": {},
+    "no_top_k": {"top_k": 0},
+    "top_p": {"top_p": 0.8},
+    "top_k_1": {"top_k": 1},
+    "k20_p05_t13": {"top_k": 20, "top_p": 0.5, "temperature": 1.3},
+    "p095_flat": {"top_k": 0, "top_p": 0.95, "scale": 1.0},
+    "ties": {"top_k": 30, "ties": True},
+}
+
+
+@pytest.mark.parametrize("vocab", [2048, 3072])
+@pytest.mark.parametrize("case", list(SAMPLE_CASES))
+def test_sample_matches_choose(vocab, case):
+    st.check_sample_exact(DEV, 4096, vocab, seed=len(case) + vocab, max_flips=4, **SAMPLE_CASES[case])
+    st.check_sample_exact(DEV, 1024, vocab, seed=len(case), rng="hash", max_flips=2, **SAMPLE_CASES[case])
+
+
+@pytest.mark.parametrize("do_sample", [True, False])
+def test_sample_codebook0_penalty_and_bookkeeping(do_sample):
+    st.check_sample_penalty(DEV, 16, do_sample=do_sample, t=1 if do_sample else 4)
+
+
+@pytest.mark.parametrize("top_k,top_p,temperature", [(50, 1.0, 0.9), (50, 0.9, 0.9), (0, 0.8, 1.2), (8, 1.0, 2.0)])
+def test_sample_distribution_chi_square(top_k, top_p, temperature):
+    st.check_sample_distribution(DEV, 400_000, top_k=top_k, top_p=top_p, temperature=temperature)

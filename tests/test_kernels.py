@@ -1,0 +1,164 @@
+"""Triton kernels (engine/kernels) against their plain-torch references, on CPU through Triton's
+interpreter (TRITON_INTERPRET=1 for the whole process; scripts/test.sh runs this file on its own). Small row counts keep this file near a
+minute on two cores; tests/gpu/test_kernels_gpu.py runs the same checks on CUDA at every decode size.
+
+Tolerances: engine/kernels/selftest.py (about two ulps of the dtype; RoPE outputs absolute to the normed
+magnitude; sampling ids exact, a differing row allowed only where the reference race is tied to 1e-5).
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (scripts/setup_env.sh --full installs it)", allow_module_level=True)
+if os.environ.get("TRITON_INTERPRET") != "1":
+    # The interpreter must be chosen before triton is first imported, i.e. for the whole process:
+    # scripts/test.sh runs this file in its own pytest process with TRITON_INTERPRET=1.
+    pytest.skip("run with TRITON_INTERPRET=1 in its own process (scripts/test.sh does)", allow_module_level=True)
+
+from engine import kernels
+from engine.kernels import selftest as st
+
+DEV = "cpu"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ROWS = [1, 4, 16]
+
+
+def test_import_does_not_import_triton():
+    code = "import sys, engine.kernels as k; k.select('off'); k.Kernels(); assert 'triton' not in sys.modules"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(st.__file__).rsplit("/engine/", 1)[0])
+
+
+def test_select_modes():
+    ks, why = kernels.select("off")
+    assert ks.active == () and "off" in why
+    ks, why = kernels.select("auto", "cpu")  # "auto" never picks the interpreter
+    assert ks.active == () and "interpreter" in why
+    ks, why = kernels.select("on", "cpu")  # asked for explicitly (tests), it runs
+    assert ks.active == kernels.NAMES and "interpreter" in why
+    with pytest.raises(ValueError):
+        kernels.select("yes")
+
+
+def test_on_without_device_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ok, why = kernels.available("cpu")
+    assert not ok and "CUDA" in why
+    with pytest.raises(kernels.KernelUnavailableError, match="cannot run"):
+        kernels.select("on", "cpu")
+    ks, why = kernels.select("auto", "cpu")
+    assert ks.active == () and "CUDA" in why
+
+
+def test_off_path_is_the_reference():
+    x = torch.randn(2, 1, 64)
+    w = torch.randn(64)
+    from engine.kernels import rms_norm
+
+    assert torch.equal(kernels.Kernels().rms_norm(x, w, 1e-6), rms_norm.reference(x, w, 1e-6))
+    assert torch.allclose(kernels.Kernels(["rms_norm"]).rms_norm(x, w, 1e-6), rms_norm.reference(x, w, 1e-6),
+                          atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("n", [1024, 2048])
+def test_rms_norm(dtype, m, n):
+    st.check_rms_norm(DEV, dtype, m, n, seed=m + n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("inter", [3072, 6144])
+def test_silu_mul(dtype, m, inter):
+    st.check_silu_mul(DEV, dtype, m, inter, seed=m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", [1, 4])
+def test_qk_norm_rope_kv(dtype, b):
+    st.check_qk_norm_rope_kv(DEV, dtype, b, pos=5 + b, seed=b)
+
+
+def test_qk_norm_rope_kv_16_rows():
+    st.check_qk_norm_rope_kv(DEV, torch.bfloat16, 16, pos=31, seed=3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", [1, 4])
+def test_attention_predictor_window(dtype, b):
+    st.check_attention(DEV, dtype, b, seq=16, window=16, filled=2 + 3 * b, seed=b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_attention_long_window(dtype):
+    st.check_attention(DEV, dtype, 2, seq=320, window=256, filled=200, block_n=64)
+
+
+SAMPLE_CASES = {
+    "greedy": {"do_sample": False},
+    "default": {},
+    "no_top_k": {"top_k": 0},
+    "top_p": {"top_p": 0.8},
+    "top_k_1": {"top_k": 1},
+    "k20_p05_t13": {"top_k": 20, "top_p": 0.5, "temperature": 1.3},
+    "p095_flat": {"top_k": 0, "top_p": 0.95, "scale": 1.0},
+    "ties": {"top_k": 30, "ties": True},
+}
+
+
+@pytest.mark.parametrize("vocab", [2048, 3072])
+@pytest.mark.parametrize("case", list(SAMPLE_CASES))
+def test_sample_matches_choose(vocab, case):
+    st.check_sample_exact(DEV, 24, vocab, seed=len(case) + vocab, **SAMPLE_CASES[case])
+
+
+@pytest.mark.parametrize("case", ["default", "k20_p05_t13"])
+def test_sample_in_kernel_uniforms(case):
+    st.check_sample_exact(DEV, 16, 2048, seed=5, rng="hash", **SAMPLE_CASES[case])
+
+
+@pytest.mark.parametrize("do_sample", [True, False])
+def test_sample_codebook0_penalty_and_bookkeeping(do_sample):
+    st.check_sample_penalty(DEV, 6, do_sample=do_sample, t=1 if do_sample else 4)
+
+
+def test_sample_distribution_chi_square():
+    st.check_sample_distribution(DEV, 240, top_k=4, top_p=0.95, temperature=1.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_step_matches_fused_layer(dtype):
+    """engine.kernels.layer_step with every kernel on == FusedLayer.step (a small random layer, 3 tokens)."""
+    from engine.config import LayerStackConfig
+    from engine.gpu.fused_layers import FusedStack
+    from engine.kernels.layer_step import layer_step
+    from engine.model.layers import DecoderStack
+
+    cfg = LayerStackConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
+                           head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=64,
+                           vocab_size=16)
+    torch.manual_seed(0)
+    stack = DecoderStack(cfg)
+    for p in stack.parameters():
+        torch.nn.init.normal_(p, 1.0 if p.ndim == 1 else 0.0, 0.1 if p.ndim == 1 else 0.08)
+    stack = stack.to(dtype)
+    fs = FusedStack(stack)
+    fl = fs.layers[0]
+    ks = kernels.Kernels(kernels.NAMES)
+    caches = [torch.zeros(2, 2, 8, 32, dtype=dtype) for _ in range(4)]
+    for t in range(3):
+        x = torch.randn(2, 1, 128, generator=torch.Generator().manual_seed(t)).to(dtype)
+        pos = torch.tensor([t])
+        cos, sin = fs.rope(pos, dtype)
+        bias = torch.where(torch.arange(8) <= t, 0.0, float("-inf")).to(dtype)
+        want = fl.step(x, cos, sin, caches[0], caches[1], pos, bias)
+        got = layer_step(ks, fl, x, cos, sin, caches[2], caches[3], pos, bias)
+        tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 6e-2, "rtol": 3e-2}
+        torch.testing.assert_close(got, want, **tol)
+        torch.testing.assert_close(caches[2], caches[0], **tol)
