@@ -107,9 +107,10 @@ class Comfy:
 
 
 def start_comfy(comfy_dir: Path, base_dir: Path, port: int, log_path: Path, python: str = sys.executable,
-                extra_args: tuple = ()) -> subprocess.Popen:
-    cmd = [python, "main.py", "--cpu", "--listen", HOST, "--port", str(port), "--base-directory", str(base_dir),
-           "--database-url", "sqlite:///:memory:", "--disable-auto-launch", *extra_args]
+                extra_args: tuple = (), cpu: bool = True) -> subprocess.Popen:
+    cmd = [python, "main.py", *(["--cpu"] if cpu else []), "--listen", HOST, "--port", str(port),
+           "--base-directory", str(base_dir), "--database-url", "sqlite:///:memory:", "--disable-auto-launch",
+           *extra_args]
     log = open(log_path, "w")
     return subprocess.Popen(cmd, cwd=comfy_dir, stdout=log, stderr=subprocess.STDOUT)
 
@@ -143,7 +144,13 @@ def main(argv: list[str]) -> int:
 
     install_test_checkpoints(base_dir / "models")
     install_reference_audio(base_dir / "input")
-    proc = start_comfy(comfy_dir, base_dir, port, base_dir / "comfyui.log")
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    proc = start_comfy(comfy_dir, base_dir, port, base_dir / "comfyui.log", cpu=not gpu)
     try:
         c = Comfy(port)
         c.wait_up(proc)

@@ -108,3 +108,31 @@ def test_info_reports_what_ran(custom):
     assert info.device == "cpu" and info.dtype == "float32" and info.cuda_graphs is False
     assert info.kernels == []
     assert "custom_voice" in info.summary()
+
+
+def test_fp16_and_bf16_run_on_cpu(tiny_checkpoints):
+    for dtype in ("fp16", "bf16"):
+        e = Engine.load(tiny_checkpoints["custom_voice"], device="cpu", dtype=dtype)
+        res = e.generate(req(), takes=2, params=sampled(e, 5))
+        assert e.info.dtype == {"fp16": "float16", "bf16": "bfloat16"}[dtype]
+        assert res.audio.dtype == torch.float32 and torch.isfinite(res.audio).all()
+        assert all(c.shape == (5, 16) for c in res.codes)
+
+
+def test_instruct_is_ignored_on_0b6_custom_voice_with_a_note(tiny_checkpoints, tmp_path, caplog):
+    import json
+    import shutil
+
+    small = tmp_path / "as_0b6"
+    shutil.copytree(tiny_checkpoints["custom_voice"], small)
+    cfg = json.loads((small / "config.json").read_text())
+    cfg["tts_model_size"] = "0b6"
+    (small / "config.json").write_text(json.dumps(cfg))
+    e = Engine.load(small, device="cpu", dtype="fp32")
+    p = e.defaults.greedy().replace(max_new_tokens=5)
+    with caplog.at_level("WARNING"):
+        with_instruct = e.generate(req(instruct="Whisper softly."), params=p)
+    without = e.generate(req(), params=p)
+    assert torch.equal(with_instruct.codes[0], without.codes[0])
+    assert any("instruct is ignored" in n for n in with_instruct.stats["notes"])
+    assert "instruct is ignored" in caplog.text
