@@ -208,23 +208,6 @@ class ModelConfig:
         return cls.from_dict(read_json(path), str(path))
 
 
-@dataclass(frozen=True)
-class GenerationDefaults:
-    """Sampling defaults from `generation_config.json`, with upstream's hard defaults underneath."""
-
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    subtalker_dosample: bool = True
-    subtalker_temperature: float = 0.9
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    max_new_tokens: int = 2048
-
-    @classmethod
-    def from_dir(cls, model_dir: Path) -> "GenerationDefaults":
-        d = read_json(Path(model_dir) / "generation_config.json")
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        return cls(**known)
+def read_generation_config(model_dir: Path) -> dict:
+    """generation_config.json (required by upstream too): the checkpoint's sampling defaults."""
+    return read_json(Path(model_dir) / "generation_config.json")

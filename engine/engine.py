@@ -92,7 +92,7 @@ class Engine:
         self.talker, self.speaker_encoder, self.codec = talker, speaker_encoder, codec
         self.device, self.dtype, self.info = device, dtype, info
         self.max_takes, self.max_seq_len = max_takes, max_seq_len
-        self.defaults = SamplingParams.from_defaults(defaults)
+        self.defaults = SamplingParams.from_generation_config(defaults)
         self.builder = PromptBuilder(cfg, talker, tokenizer)
         self.runner = EagerFrames(talker)
 

@@ -62,10 +62,10 @@ class SamplingParams:
         return self
 
     @classmethod
-    def from_defaults(cls, defaults) -> "SamplingParams":
-        """Build from a GenerationDefaults (generation_config.json) object."""
+    def from_generation_config(cls, config: dict) -> "SamplingParams":
+        """The checkpoint's generation_config.json over upstream's hard defaults (this class's defaults)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: getattr(defaults, k) for k in names if hasattr(defaults, k)})
+        return cls(**{k: config[k] for k in names if k in config})
 
     def greedy(self) -> "SamplingParams":
         return replace(self, do_sample=False, subtalker_dosample=False)

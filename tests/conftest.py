@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -58,40 +57,18 @@ def _official_builder(main_cfg: dict, codec_cfg: dict):
             CODEC_WEIGHTS: [("", Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**codec_cfg)))]}
 
 
-def _engine_modules_missing() -> str | None:
-    """None when every engine module the writer needs imports; otherwise the reason."""
-    try:
-        import engine.codec.decoder
-        import engine.codec.encoder
-        import engine.model.speaker_encoder
-        import engine.model.talker  # noqa: F401
-    except ImportError as exc:
-        return str(exc)
-    return None
-
-
 @pytest.fixture(scope="session")
 def checkpoint_builder():
-    """The builder tiny checkpoints are written with: ours, or the official classes while ours are missing."""
+    """Tiny checkpoints are written from our own modules (tests compare them with the official classes)."""
     from engine.checkpoint.writer import build_engine_modules
 
-    missing = _engine_modules_missing()
-    if missing is None:
-        return build_engine_modules
-    warnings.warn(f"engine modules incomplete ({missing}); tiny checkpoints use the official classes' shapes")
-    return _official_builder
+    return build_engine_modules
 
 
 @pytest.fixture(scope="session")
 def official_builder():
     """A writer builder using the official qwen-tts classes (test-only)."""
     return _official_builder
-
-
-@pytest.fixture(scope="session")
-def engine_modules_missing() -> str | None:
-    """None when our talker, speaker encoder, codec decoder and encoder all import; else the reason."""
-    return _engine_modules_missing()
 
 
 @pytest.fixture(scope="session")

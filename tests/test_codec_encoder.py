@@ -19,12 +19,9 @@ SR = 24000
 
 @pytest.fixture(scope="module")
 def oracle():
-    from tests.oracle import import_qwen_tts
+    from tests.oracle import require_qwen_tts
 
-    try:
-        import_qwen_tts()
-    except ImportError as exc:
-        pytest.skip(f"official qwen-tts not installed: {exc}")
+    require_qwen_tts()
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
     from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
     from transformers import EncodecFeatureExtractor

@@ -35,12 +35,9 @@ def _record(name: str, a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def oracle():
-    from tests.oracle import import_qwen_tts
+    from tests.oracle import require_qwen_tts
 
-    try:
-        import_qwen_tts()
-    except ImportError as exc:
-        pytest.skip(f"official qwen-tts not installed: {exc}")
+    require_qwen_tts()
     from qwen_tts.core.models import modeling_qwen3_tts as m
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import GenerationDefaults, ModelConfig
+from ..config import ModelConfig, read_generation_config
 from .reader import check_layout, load_state_dict_into
 
 
@@ -37,7 +37,7 @@ def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype) -
     model_dir = Path(model_dir)
     check_layout(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
-    defaults = GenerationDefaults.from_dir(model_dir)
+    defaults = read_generation_config(model_dir)
     tokenizer = TextTokenizer.from_dir(model_dir)
     weights = model_dir / "model.safetensors"
     talker = materialize(lambda: Talker(cfg.talker), device, dtype, weights, "talker.")

@@ -16,13 +16,6 @@ pytestmark = pytest.mark.gpu
 FRAMES = 120
 
 
-@pytest.fixture(autouse=True, scope="module")
-def no_tf32():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
 
 def _engine(path, dtype):
     return Engine.load(path, device="cuda", dtype=dtype, cuda_graphs="off", triton="off", max_seq_len=512)
