@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from _q3support import COMFYUI_DIR, PACK
 
@@ -168,3 +169,38 @@ def test_pick_take_rejects_negative_index(comfy):
               "2": {"class_type": "EmptyAudio", "inputs": {"duration": 1.0, "sample_rate": 24000, "channels": 1}}}
     ok, errors, _ = _validate(comfy, prompt, "1")
     assert ok is False
+
+
+def _pack_module(suffix: str):
+    return next(m for name, m in sys.modules.items() if name.endswith(suffix) and "nodes" in name)
+
+
+def test_download_without_network_says_where_to_put_the_files(comfy, monkeypatch):
+    """No network (simulated: nothing may leave this machine): the error names the repo and the folder."""
+    import huggingface_hub
+
+    def offline(**_):
+        raise OSError("no network")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    paths = _pack_module("comfy_paths")
+    with pytest.raises(RuntimeError) as err:
+        paths.download("Qwen/Qwen3-TTS-12Hz-0.6B-Base")
+    text = str(err.value)
+    target = comfy["base"] / "models" / "qwen3_tts" / "Qwen3-TTS-12Hz-0.6B-Base"
+    assert "Qwen/Qwen3-TTS-12Hz-0.6B-Base" in text and str(target) in text and "config.json" in text
+    assert not (target / "config.json").exists()
+
+
+def test_loading_a_file_that_is_not_a_voice_is_a_clear_error(comfy, tmp_path):
+    from safetensors.torch import save_file
+
+    voices = comfy["base"] / "models" / "qwen3_tts" / "voices"
+    voices.mkdir(parents=True, exist_ok=True)
+    save_file({"weight": torch.zeros(3)}, str(voices / "not_a_voice.safetensors"))
+    paths = _pack_module("comfy_paths")
+    from engine import Voice
+    from engine.errors import VoiceError
+
+    with pytest.raises(VoiceError, match="not a Qwen3-TTS Fast voice"):
+        Voice.load(paths.find_voice("not_a_voice"))
