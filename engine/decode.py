@@ -55,6 +55,8 @@ def trailing_table(prompt: Prompt) -> torch.Tensor:
 class EagerFrames:
     """Runs each frame as ordinary PyTorch calls over the talker and its code predictor."""
 
+    active_kernels = ()  # plain torch: no Triton kernels run here
+
     def __init__(self, talker):
         self.talker = talker
         self.predictor = talker.code_predictor

@@ -77,12 +77,6 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _graphed_type():
-    from .gpu.frame_graph import GraphedFrames
-
-    return GraphedFrames
-
-
 class Engine:
     """Load once, then generate(), stream() and extract_voice() as often as needed."""
 
@@ -135,7 +129,7 @@ class Engine:
                 from .gpu.frame_graph import GraphedFrames
 
                 engine.runner = GraphedFrames(engine.talker, max_seq_len, capture=False, kernels=ks)
-        engine.info.kernels = list(ks.active) if isinstance(engine.runner, _graphed_type()) else []
+        engine.info.kernels = list(engine.runner.active_kernels)
         log.info("loaded %s in %.1f s: %s", model_dir, time.perf_counter() - t0, info.summary())
         return engine
 

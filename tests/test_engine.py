@@ -136,3 +136,23 @@ def test_instruct_is_ignored_on_0b6_custom_voice_with_a_note(tiny_checkpoints, t
     assert torch.equal(with_instruct.codes[0], without.codes[0])
     assert any("instruct is ignored" in n for n in with_instruct.stats["notes"])
     assert "instruct is ignored" in caplog.text
+
+
+def test_takes_that_end_early_stop_contributing_audio(eos_checkpoint):
+    """Rows reach EOS at different frames: each take keeps only its own frames, streamed or not."""
+    e = Engine.load(eos_checkpoint, device="cpu", dtype="fp32")
+    params = e.defaults.replace(max_new_tokens=30)
+    whole = e.generate(req(), takes=4, seed=21, params=params)
+    frames = [n // 1920 for n in whole.lengths]
+    assert min(frames) < 30 and len(set(frames)) > 1, frames  # some takes stop early, at different frames
+    for i, n in enumerate(whole.lengths):
+        assert whole.codes[i].shape[0] * 1920 == n
+        assert (whole.codes[i][:, 0] < 2048).all()  # EOS itself is never a frame
+        assert not whole.audio[i, n:].any()  # only zero padding after the end
+    chunks = list(e.stream(req(), takes=4, seed=21, params=params, chunk_frames=4))
+    for i in range(4):
+        joined = torch.cat([c.audio[i, : c.valid[i]] for c in chunks])
+        assert joined.shape[0] == whole.lengths[i]
+        if joined.numel():
+            assert float((joined - whole.audio[i, : whole.lengths[i]]).abs().max()) <= 1e-5
+        assert all(not c.audio[i].any() for c in chunks if c.valid[i] == 0)

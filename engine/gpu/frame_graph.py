@@ -173,6 +173,10 @@ class GraphedFrames:
         self.capture_seconds = 0.0
 
     @property
+    def active_kernels(self) -> list:
+        return list(self.kernels.active) if self.kernels else []
+
+    @property
     def finished(self) -> torch.Tensor:
         return self.s.finished[: self.takes]
 
