@@ -19,18 +19,22 @@ SAMPLES_PER_FRAME = 1920
 FRAME_RATE = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5 frames per second
 
 
-def read_json(path: Path) -> dict:
-    """Read a JSON file, turning a missing or malformed file into a CheckpointError."""
+_LAYOUT_HINT = ("A Qwen3-TTS-12Hz checkpoint directory holds config.json, generation_config.json, "
+                "model.safetensors, vocab.json, merges.txt, tokenizer_config.json, preprocessor_config.json and "
+                "speech_tokenizer/; copy the whole directory as published.")
+
+
+def read_json(path: Path, what: str = "file", hint: str = _LAYOUT_HINT) -> dict:
+    """Read a JSON object, turning a missing or malformed file into a CheckpointError naming it."""
     if not path.is_file():
-        raise CheckpointError(
-            f"missing file {path}. A Qwen3-TTS-12Hz checkpoint directory holds config.json, "
-            "generation_config.json, model.safetensors, vocab.json, merges.txt, tokenizer_config.json, "
-            "preprocessor_config.json and speech_tokenizer/; copy the whole directory as published."
-        )
+        raise CheckpointError(f"missing {what} {path}. {hint}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download that file.") from exc
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download that file. {hint}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object; re-download that file. {hint}")
+    return data
 
 
 def require(d: dict, key: str, where: str) -> Any:

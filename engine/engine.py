@@ -274,12 +274,6 @@ class Engine:
             out[i, : n * SAMPLES_PER_FRAME] = wav[i, : n * SAMPLES_PER_FRAME].cpu()
         return out
 
-    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
-        """Decode [frames, 16] or [B, frames, 16] codes to float32 CPU audio."""
-        with torch.inference_mode():
-            batch = codes[None] if codes.dim() == 2 else codes
-            return self.codec.decode(batch.to(self.device)).float().cpu()
-
     # -- voices --------------------------------------------------------------------------------
 
     @torch.inference_mode()

@@ -6,9 +6,9 @@ an unknown token, and the added tokens of `added_tokens_decoder` matched verbati
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .config import read_json
 from .errors import CheckpointError
 
 # Qwen2 pre-tokenisation: English contractions, letter runs with one optional leading non-letter, single
@@ -35,15 +35,7 @@ _FILES_HINT = (
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"missing tokenizer file {path}. {_FILES_HINT}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download that file. {_FILES_HINT}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object; re-download that file. {_FILES_HINT}")
-    return data
+    return read_json(path, "tokenizer file", _FILES_HINT)
 
 
 def _read_merges(path: Path, vocab: dict[str, int]) -> list[tuple[str, str]]:

@@ -74,10 +74,7 @@ class CustomVoice(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, text, speaker, language, seed, takes, instruct="", **adv) -> io.NodeOutput:
-        common.require_type("CustomVoice", model, "custom_voice")
-        if model.speakers and speaker.lower() not in {s.lower() for s in model.speakers}:
-            raise ValueError(f"CustomVoice: speaker {speaker!r} is not in this checkpoint "
-                             f"(it has: {', '.join(model.speakers)})")
+        common.require_type("CustomVoice", model, "custom_voice")  # the engine checks the speaker itself
         return io.NodeOutput(Job("CustomVoice", model, "custom", text, language, speaker=speaker.lower(),
                                  instruct=instruct, seed=seed, takes=takes, **adv).generate())
 

@@ -23,17 +23,10 @@ def _engine_api():
 
 
 def _voice_overhead(voice) -> int:
-    """Extra prompt positions an ICL voice occupies (reference codes + reference text)."""
-    if voice is None:
+    """Extra prompt positions an ICL voice occupies (reference codes + at most one per reference-text char)."""
+    if voice is None or getattr(voice, "ref_codes", None) is None:
         return 0
-    n = 0
-    for attr in ("ref_codes", "icl_codes", "codes"):
-        codes = getattr(voice, attr, None)
-        if codes is not None and hasattr(codes, "shape") and len(codes.shape) >= 1:
-            n += int(codes.shape[0])
-            break
-    ref_text = getattr(voice, "ref_text", None)
-    return n + (len(ref_text) if isinstance(ref_text, str) else 0)
+    return int(voice.ref_codes.shape[0]) + len(voice.ref_text or "")
 
 
 class Job:

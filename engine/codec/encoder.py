@@ -29,15 +29,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..config import require
 from ..errors import CheckpointError, InvalidInputError
 
 WHERE = "speech_tokenizer/config.json → encoder_config"
-
-
-def _need(d: dict, key: str):
-    if not isinstance(d, dict) or key not in d:
-        raise CheckpointError(f"missing key '{key}' in {WHERE}; the codec config is incomplete.")
-    return d[key]
 
 
 @dataclass(frozen=True)
@@ -75,37 +70,37 @@ class MimiEncoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MimiEncoderConfig":
-        hidden = int(_need(d, "hidden_size"))
-        heads = int(_need(d, "num_attention_heads"))
+        hidden = int(require(d, "hidden_size", WHERE))
+        heads = int(require(d, "num_attention_heads", WHERE))
         cfg = cls(
             audio_channels=int(d.get("audio_channels", 1)),
-            num_filters=int(_need(d, "num_filters")),
-            kernel_size=int(_need(d, "kernel_size")),
-            residual_kernel_size=int(_need(d, "residual_kernel_size")),
-            last_kernel_size=int(_need(d, "last_kernel_size")),
-            num_residual_layers=int(_need(d, "num_residual_layers")),
-            dilation_growth_rate=int(_need(d, "dilation_growth_rate")),
-            compress=int(_need(d, "compress")),
-            upsampling_ratios=tuple(int(r) for r in _need(d, "upsampling_ratios")),
+            num_filters=int(require(d, "num_filters", WHERE)),
+            kernel_size=int(require(d, "kernel_size", WHERE)),
+            residual_kernel_size=int(require(d, "residual_kernel_size", WHERE)),
+            last_kernel_size=int(require(d, "last_kernel_size", WHERE)),
+            num_residual_layers=int(require(d, "num_residual_layers", WHERE)),
+            dilation_growth_rate=int(require(d, "dilation_growth_rate", WHERE)),
+            compress=int(require(d, "compress", WHERE)),
+            upsampling_ratios=tuple(int(r) for r in require(d, "upsampling_ratios", WHERE)),
             pad_mode=str(d.get("pad_mode", "constant")),
             use_conv_shortcut=bool(d.get("use_conv_shortcut", False)),
             hidden_size=hidden,
-            num_layers=int(_need(d, "num_hidden_layers")),
+            num_layers=int(require(d, "num_hidden_layers", WHERE)),
             num_heads=heads,
             num_kv_heads=int(d.get("num_key_value_heads") or heads),
             head_dim=int(d.get("head_dim") or hidden // heads),
-            intermediate_size=int(_need(d, "intermediate_size")),
+            intermediate_size=int(require(d, "intermediate_size", WHERE)),
             hidden_act=str(d.get("hidden_act", "gelu")),
             norm_eps=float(d.get("norm_eps", 1e-5)),
             rope_theta=float(d.get("rope_theta", 10000.0)),
             attention_bias=bool(d.get("attention_bias", False)),
-            num_quantizers=int(_need(d, "num_quantizers")),
+            num_quantizers=int(require(d, "num_quantizers", WHERE)),
             num_semantic_quantizers=int(d.get("num_semantic_quantizers", 1)),
-            codebook_size=int(_need(d, "codebook_size")),
-            codebook_dim=int(_need(d, "codebook_dim")),
-            vq_hidden_dim=int(d.get("vector_quantization_hidden_dimension") or _need(d, "codebook_dim")),
+            codebook_size=int(require(d, "codebook_size", WHERE)),
+            codebook_dim=int(require(d, "codebook_dim", WHERE)),
+            vq_hidden_dim=int(d.get("vector_quantization_hidden_dimension") or require(d, "codebook_dim", WHERE)),
             sampling_rate=int(d.get("sampling_rate", 24000)),
-            frame_rate=float(_need(d, "frame_rate")),
+            frame_rate=float(require(d, "frame_rate", WHERE)),
         )
         if not d.get("use_causal_conv", True):
             raise CheckpointError(f"{WHERE}: use_causal_conv false is not supported (the shipped codec is causal).")

@@ -219,3 +219,16 @@ def run_all(device="cuda", verbose=True):
 
 if __name__ == "__main__":
     run_all()
+
+
+# Sampling settings every kernel test checks (CPU interpreter and GPU alike).
+SAMPLE_CASES = {
+    "greedy": {"do_sample": False},
+    "default": {},
+    "no_top_k": {"top_k": 0},
+    "top_p": {"top_p": 0.8},
+    "top_k_1": {"top_k": 1},
+    "k20_p05_t13": {"top_k": 20, "top_p": 0.5, "temperature": 1.3},
+    "p095_flat": {"top_k": 0, "top_p": 0.95, "scale": 1.0},
+    "ties": {"top_k": 30, "ties": True},
+}

@@ -81,16 +81,7 @@ def test_attention(dtype, b):
         st.check_attention(DEV, dtype, b, seq=w + 64, window=w, filled=w - 5, seed=b + w, block_n=64)
 
 
-SAMPLE_CASES = {
-    "greedy": {"do_sample": False},
-    "default": {},
-    "no_top_k": {"top_k": 0},
-    "top_p": {"top_p": 0.8},
-    "top_k_1": {"top_k": 1},
-    "k20_p05_t13": {"top_k": 20, "top_p": 0.5, "temperature": 1.3},
-    "p095_flat": {"top_k": 0, "top_p": 0.95, "scale": 1.0},
-    "ties": {"top_k": 30, "ties": True},
-}
+SAMPLE_CASES = st.SAMPLE_CASES
 
 
 @pytest.mark.parametrize("vocab", [2048, 3072])
