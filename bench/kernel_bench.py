@@ -22,11 +22,11 @@ from engine import kernels
 from engine.gpu import graph_sampling
 from engine.kernels import (
     attention,
+    linear,
     qk_norm_rope_kv,
     rms_norm,
     sample,
     selftest,
-    silu_mul,
 )
 
 ROWS = (1, 4, 8, 16)
@@ -59,6 +59,54 @@ def graph_time_us(fn, inner=50, reps=20) -> float:
     return times[len(times) // 2]
 
 
+L2_BYTES = 256 << 20  # weights rotate through more memory than any L2, so matmul timings are HBM-bound
+
+
+def linear_case(dt, dev, m, n, k, prologue, residual, bias, **launch):
+    """(kernel fn, reference fn) for one decode matmul; each call reads the next of several weight copies."""
+    copies = max(2, L2_BYTES // (n * k * 2))
+    ws = [torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5 for _ in range(copies)]
+    x = torch.randn(m, 1, 2 * k if prologue == "silu_mul" else k, device=dev, dtype=dt)
+    args = dict(prologue=prologue, norm_weight=torch.ones(k, device=dev, dtype=dt) if prologue == "rms_norm" else None,
+                bias=torch.zeros(n, device=dev, dtype=dt) if bias else None,
+                residual=torch.zeros(m, 1, n, device=dev, dtype=dt) if residual else None)
+    turn = [0]
+
+    def weight():
+        turn[0] += 1
+        return ws[turn[0] % copies]
+
+    return (lambda: linear.linear(x, weight(), **args, **launch)), (lambda: linear.reference(x, weight(), **args))
+
+
+def linear_sweep(dt, dev, reps):
+    """Time every launch configuration at every decode matmul shape (rows 1 and 16)."""
+    import itertools
+
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rows = []
+    for m in (1, 16):
+        for n, k, prologue, residual, bias in selftest.LINEAR_SHAPES:
+            _, ref = linear_case(dt, dev, m, n, k, prologue, residual, bias)
+            t_ref = graph_time_us(ref, reps=reps)
+            fma = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "FMA_ROWS": 16}
+                   for bn, bk, st in itertools.product((8, 16), (512, 1024), (1, 3))] if m <= 2 else []
+            dot = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "FMA_ROWS": 0}
+                   for bn, bk, st in itertools.product((16, 32), (256, 512), (1, 3))]
+            for config, mult in itertools.product(fma + dot, (2, 4)):
+                fn, _ = linear_case(dt, dev, m, n, k, prologue, residual, bias, config=config, target=mult * sms)
+                t = graph_time_us(fn, inner=20, reps=reps)
+                p = linear.plan(m, n, k, config, mult * sms)
+                rows.append({"M": m, "N": n, "K": k, "prologue": prologue, **config, "target": mult * sms,
+                             "dot": p["USE_DOT"], "splits": p["splits"], "us": round(t, 2),
+                             "torch_us": round(t_ref, 2), "GBps": round(n * k * 2 / t / 1e3, 1)})
+            best = min((r for r in rows if (r["M"], r["N"], r["K"]) == (m, n, k)), key=lambda r: r["us"])
+            print(f"M={m:2d} N={n:5d} K={k:5d} {prologue:8s} best {best['us']:6.2f} us ({best['GBps']} GB/s) "
+                  f"dot={best['dot']} BN={best['BLOCK_N']} BK={best['BLOCK_K']} st={best['num_stages']} target={best['target']} "
+                  f"splits={best['splits']}; torch {t_ref:.2f} us", flush=True)
+    return rows
+
+
 def cases(dt, dev):
     """(name, shape dict, triton fn, reference fn, torch kernels replaced) at decode shapes."""
     out = []
@@ -68,10 +116,10 @@ def cases(dt, dev):
             w = torch.randn(n, device=dev, dtype=dt)
             out.append(("rms_norm", {"M": m, "N": n}, lambda x=x, w=w: rms_norm.rms_norm(x, w, 1e-6),
                         lambda x=x, w=w: rms_norm.reference(x, w, 1e-6)))
-        for inter in (3072, 6144):
-            gu = torch.randn(m, 1, 2 * inter, device=dev, dtype=dt)
-            out.append(("silu_mul", {"M": m, "I": inter}, lambda gu=gu: silu_mul.silu_mul(gu),
-                        lambda gu=gu: silu_mul.reference(gu)))
+        for n, k, prologue, residual, bias in selftest.LINEAR_SHAPES:
+            fn, ref = linear_case(dt, dev, m, n, k, prologue, residual, bias)
+            out.append(("linear", {"M": m, "N": n, "K": k, "prologue": prologue, "residual": residual,
+                                   "bias": bias}, fn, ref))
         nh, nkv, d = 16, 8, 128
         qkv = torch.randn(m, 1, (nh + 2 * nkv) * d, device=dev, dtype=dt)
         wq = torch.ones(nh + nkv, d, device=dev, dtype=dt)
@@ -111,11 +159,18 @@ def main():
     ap.add_argument("--out", required=True, help="directory for kernel_bench_<dtype>.json")
     ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--linear-sweep", action="store_true", help="only sweep linear launch configurations")
     args = ap.parse_args()
     ok, why = kernels.available("cuda")
     if not ok:
         sys.exit(f"kernel_bench needs the Triton kernels on CUDA: {why}")
     dt, dev = DTYPES[args.dtype], "cuda"
+    if args.linear_sweep:
+        rows = linear_sweep(dt, dev, args.reps)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"linear_sweep_{args.dtype}.json").write_text(json.dumps(rows, indent=1))
+        return
     rows = []
     for name, shape, fn, ref in cases(dt, dev):
         t_k = graph_time_us(fn, reps=args.reps)

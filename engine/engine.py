@@ -3,15 +3,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
-from .config import SAMPLES_PER_FRAME, SAMPLE_RATE, ModelConfig
+from .config import SAMPLE_RATE, SAMPLES_PER_FRAME, ModelConfig
 from .decode import EagerFrames, collect, decode_frames
-from .errors import InvalidInputError, ModeError, PromptTooLongError, UnsupportedConfigError
+from .errors import (
+    InvalidInputError,
+    ModeError,
+    PromptTooLongError,
+    UnsupportedConfigError,
+)
 from .prompt import Prompt, PromptBuilder, Request
 from .sampling import SamplingParams
 from .voice import Voice
@@ -89,12 +94,13 @@ class Engine:
         self.defaults = SamplingParams.from_generation_config(defaults)
         self.builder = PromptBuilder(cfg, talker, tokenizer)
         self.runner = EagerFrames(talker)
+        self.codec_graphs = None  # gpu.codec_graph.CodecGraphs while CUDA graphs are on
 
     # -- loading -------------------------------------------------------------------------------
 
     @classmethod
     def load(cls, model_dir, device="auto", dtype="auto", cuda_graphs="auto", triton="auto",
-             max_takes: int = 16, max_seq_len: int = 4096) -> "Engine":
+             max_takes: int = 16, max_seq_len: int = 4096) -> Engine:
         from .checkpoint.loader import load_components
 
         for name, value in (("cuda_graphs", cuda_graphs), ("triton", triton)):
@@ -134,18 +140,22 @@ class Engine:
         return engine
 
     def _enable_graphs(self, forced: bool, kernels=None) -> None:
-        """Switch to whole-frame CUDA graphs, proving capture works on a short warm-up request."""
+        """Switch to whole-frame CUDA graphs (and streaming codec graphs), proving capture works on a short
+        warm-up request."""
+        from .gpu.codec_graph import WARM_CHUNKS, CodecGraphs
         from .gpu.frame_graph import GraphedFrames, batch_bucket
 
         graphed = GraphedFrames(self.talker, self.max_seq_len, kernels=kernels)
+        codec = CodecGraphs(self.codec.decoder)
         eager = self.runner
-        self.runner = graphed
+        self.runner, self.codec_graphs = graphed, codec
         try:
             batch_bucket(self.max_takes)
             self._warmup()
         except Exception as exc:  # capture failed: say so once and keep running eagerly
-            self.runner = eager
+            self.runner, self.codec_graphs = eager, None
             graphed.release()
+            codec.release()
             if forced:
                 raise UnsupportedConfigError(f"CUDA graph capture failed ({type(exc).__name__}: {exc}).") from exc
             msg = f"CUDA graphs: capture failed ({type(exc).__name__}: {exc}); running eagerly"
@@ -154,6 +164,16 @@ class Engine:
             return
         self.info.cuda_graphs = True
         self.info.notes.append(f"CUDA graphs: on (warm-up capture {graphed.capture_seconds:.2f} s)")
+        if codec.failure is not None:  # CodecGraphs logged the warning; the frame graphs stay on
+            self.codec_graphs = None
+            codec.release()
+            if forced:
+                raise UnsupportedConfigError(f"codec CUDA graph capture failed ({codec.failure}).")
+            self.info.notes.append(f"codec CUDA graphs: capture failed ({codec.failure}); streaming decodes eagerly")
+            return
+        sizes = ", ".join(str(k) for k in WARM_CHUNKS)
+        self.info.notes.append(f"codec CUDA graphs: on (chunks of {sizes} frames at batch 1 captured in "
+                               f"{codec.capture_seconds:.2f} s; other sizes are captured on first use)")
 
     def _warmup(self) -> None:
         mode = {"custom_voice": "custom", "voice_design": "design", "base": "clone"}[self.cfg.tts_model_type]
@@ -166,6 +186,11 @@ class Engine:
         prompt, params, max_frames = self._prepare(req, 1, self.defaults.replace(max_new_tokens=2))
         for _ in self._frames(prompt, 1, 0, params, max_frames, 0, 0, None, None):
             pass
+        if self.codec_graphs is not None:  # so the first streamed chunk does not pay the capture
+            from .gpu.codec_graph import WARM_CHUNKS
+
+            for k in WARM_CHUNKS:
+                self.codec_graphs.capture(1, k)
 
     # -- properties ----------------------------------------------------------------------------
 
@@ -244,7 +269,7 @@ class Engine:
             raise InvalidInputError(f"chunk_frames must be at least 1 (got {chunk_frames}).")
         t0 = time.perf_counter()
         prompt, params, max_frames = self._prepare(req, takes, params)
-        decoder = StreamingDecoder(self.codec, batch=takes)
+        decoder = StreamingDecoder(self.codec, batch=takes, graphs=self.codec_graphs, chunk_frames=chunk_frames)
         if prompt.ref_codes is not None:  # ICL: the reference codes are left context, never emitted
             decoder.push(prompt.ref_codes[None].expand(takes, -1, -1).to(self.device))
         chunks = self._frames(prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
@@ -309,6 +334,9 @@ class Engine:
         release_graphs = getattr(self.runner, "release", None)
         if callable(release_graphs):
             release_graphs()
+        if self.codec_graphs is not None:
+            self.codec_graphs.release()
+            self.codec_graphs = None
         from .decode import EagerFrames
 
         self.runner = EagerFrames(self.talker)

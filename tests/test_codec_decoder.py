@@ -10,6 +10,7 @@ import torch
 from engine.checkpoint import presets
 from engine.codec import CodecConfig, CodecDecoder, SpeechTokenizer, StreamingDecoder
 from engine.codec.config import DecoderConfig
+from engine.codec.decoder import DecodeState
 from engine.errors import CheckpointError, InvalidInputError
 
 TOL = 1e-5
@@ -166,6 +167,123 @@ def test_stream_push_zero_and_reset(spec_weights):
     first = stream.push(codes)
     stream.reset()
     assert torch.equal(stream.push(codes), first)
+
+
+@pytest.fixture(scope="module")
+def small_window():
+    """Tiny tokenizer with a 5-frame attention window and grouped K/V heads (2 query heads share 1), so
+    short codes already span many windows and the K/V head repeat runs."""
+    from engine.checkpoint.random_init import init_module
+
+    raw = presets.codec_config("tiny")
+    raw["decoder_config"].update(sliding_window=5, num_key_value_heads=1)
+    return init_module(SpeechTokenizer(CodecConfig.from_dict(raw)).eval(), seed=1)
+
+
+def _pieces(tok, codes, sizes, state=None):
+    """Decode codes [B, T, Q] in pieces of `sizes` frames on one DecodeState."""
+    assert sum(sizes) == codes.shape[1]
+    state = DecodeState() if state is None else state
+    parts, s = [], 0
+    with torch.inference_mode():
+        for n in sizes:
+            parts.append(tok.decoder(codes[:, s: s + n].transpose(1, 2), state))
+            s += n
+    return torch.cat(parts, dim=-1)
+
+
+@pytest.mark.parametrize("sizes", [[1] * 8 + [2, 7, 12, 1, 3, 3], [36], [4, 1, 30, 1]])
+def test_varying_chunks_equal_one_pass_small_window(small_window, sizes):
+    """1-frame chunks, chunks longer than the window (5) and uneven mixes, with GQA."""
+    codes = _codes(2, 36, seed=21)
+    full = small_window.decode(codes)
+    diff = (_pieces(small_window, codes, sizes) - full).abs().max().item()
+    print(f"window 5, pieces {sizes}: max|pieces - full| = {diff:.3g}")
+    assert diff <= TOL
+
+
+def test_varying_chunks_equal_one_pass_full_window(spec_weights):
+    """The real 72-frame window: a chunk longer than it, between 1-frame chunks."""
+    codes = _codes(1, 87, seed=22)
+    full = spec_weights.decode(codes)
+    diff = (_pieces(spec_weights, codes, [1, 80, 5, 1]) - full).abs().max().item()
+    assert diff <= TOL
+
+
+def test_state_is_static_and_reset_in_place(small_window):
+    """Buffers never move once allocated, `zero_()` gives back a fresh state, and reusing it equals a
+    decode on a brand-new state exactly."""
+    a, b = _codes(2, 20, seed=23), _codes(2, 20, seed=24)
+    state = DecodeState()
+    _pieces(small_window, a[:, :3], [3], state)
+    ptrs = [t.data_ptr() for t in state.buffers()]
+    shapes = [t.shape for t in state.buffers()]
+    assert int(state.frames) == 3 and state.frames.dtype == torch.long and state.frames.shape == (1,)
+    _pieces(small_window, a[:, 3:], [1, 9, 7], state)
+    assert int(state.frames) == 20
+    assert [t.data_ptr() for t in state.buffers()] == ptrs and [t.shape for t in state.buffers()] == shapes
+    kv = next(iter(state.kv.values()))
+    assert kv[0].shape == (2, 1, 4, 16)  # [B, kv_heads, window - 1, head_dim]
+    state.zero_()
+    assert all(not t.any() for t in state.buffers())
+    reused = _pieces(small_window, b, [6, 1, 13], state)
+    fresh = _pieces(small_window, b, [6, 1, 13])
+    assert torch.equal(reused, fresh)
+    assert [t.data_ptr() for t in state.buffers()] == ptrs
+
+
+def test_batch_rows_are_independent(small_window):
+    codes = _codes(3, 17, seed=25)
+    batch = _pieces(small_window, codes, [4, 4, 4, 4, 1])
+    assert (batch - small_window.decode(codes)).abs().max().item() <= TOL
+    for i in range(3):
+        alone = _pieces(small_window, codes[i: i + 1], [5, 12])
+        assert (alone[0] - batch[i]).abs().max().item() <= TOL, f"row {i}"
+
+
+def test_streaming_with_codec_graphs_object_uncaptured(small_window):
+    """StreamingDecoder through CodecGraphs (capture off, so it runs on the CPU): one shared state per batch,
+    reset in place between utterances, a concurrent stream falls back to a private state, results exact."""
+    from engine.gpu.codec_graph import CodecGraphs
+
+    graphs = CodecGraphs(small_window.decoder, capture=False)
+    codes = _codes(1, 11, seed=26)
+    full = small_window.decode(codes)
+    first = StreamingDecoder(small_window, batch=1, graphs=graphs, chunk_frames=4)
+    shared = graphs.states[1]
+    busy = StreamingDecoder(small_window, batch=1, graphs=graphs, chunk_frames=4)
+    assert graphs.private_streams == 1 and busy._state is not shared
+    for stream in (first, busy):
+        joined = torch.cat([stream.push(codes[:, s: s + 4]) for s in range(0, 11, 4)], dim=-1)
+        assert (joined - full).abs().max().item() <= TOL
+    first.reset()
+    assert int(shared.frames) == 0
+    assert torch.equal(torch.cat([first.push(codes[:, s: s + 4]) for s in range(0, 11, 4)], dim=-1), joined)
+    del first, busy
+    again = StreamingDecoder(small_window, batch=1, graphs=graphs, chunk_frames=4)
+    assert again._state is shared and graphs.private_streams == 1
+    stats = graphs.stats()
+    assert stats["graphed_chunks"] == 0 and stats["eager_chunks"] == 9 and stats["captured"] == []
+    with pytest.raises(InvalidInputError, match="stateful"):
+        StreamingDecoder(small_window, batch=1, context_frames=4, graphs=graphs)
+    graphs.release()
+    assert not graphs.states and not graphs.graphs
+
+
+def test_codec_graph_capture_failure_falls_back_to_eager_once(small_window, caplog):
+    """A failed capture (here: no CUDA) logs one warning, leaves the state where it was and decodes eagerly."""
+    from engine.gpu.codec_graph import CodecGraphs
+
+    graphs = CodecGraphs(small_window.decoder)
+    codes = _codes(1, 10, seed=27)
+    stream = StreamingDecoder(small_window, batch=1, graphs=graphs, chunk_frames=4)
+    with caplog.at_level("WARNING", logger="engine.gpu.codec_graph"):
+        joined = torch.cat([stream.push(codes[:, s: s + 4]) for s in range(0, 10, 4)], dim=-1)
+    assert (joined - small_window.decode(codes)).abs().max().item() <= TOL
+    warnings = [r for r in caplog.records if "capture failed" in r.getMessage()]
+    assert len(warnings) == 1 and graphs.failure is not None
+    assert graphs.stats()["eager_chunks"] == 3 and not graphs.graphs
+    assert not graphs.capture(1, 8)
 
 
 def test_invalid_input(pair):

@@ -8,7 +8,12 @@ Every stage is causal, so each module takes an optional `DecodeState`. Without o
 whole sequence with zero left padding. With one, it prepends what it kept from the previous chunk
 (conv input tails, transposed-conv overlap, the transformer's K/V of the last `sliding_window - 1`
 frames and the absolute frame position) and keeps what the next chunk will need. A fresh state is all
-zeros, which is exactly the one-pass zero padding, so one-pass and chunked decoding run the same code.
+zeros, which is exactly the one-pass zero padding (the transformer masks the zero K/V rows that lie
+before frame 0), so one-pass and chunked decoding run the same code.
+
+The state has static shapes and is updated in place only (its buffers are allocated on first use and
+never rebound; the frame position is a device tensor), so the same chunked code runs eagerly and inside
+a CUDA graph captured over the state's buffers (engine/gpu/codec_graph.py).
 
 Module and parameter names equal the official decoder's, so the `decoder.*` tensors of
 speech_tokenizer/model.safetensors load with `load_state_dict(strict=True)`.
@@ -24,12 +29,45 @@ from .config import DecoderConfig
 
 
 class DecodeState:
-    """What a chunked decode carries from one chunk to the next (see the module docstring)."""
+    """What a chunked decode carries from one chunk to the next (see the module docstring).
+
+    Buffers are created zero-filled on first use and afterwards only written in place, so a CUDA graph
+    captured over them stays valid; `zero_()` turns the state back into a fresh one without reallocating.
+    """
 
     def __init__(self) -> None:
-        self.tails: dict[nn.Module, torch.Tensor] = {}  # conv input tails, keyed by module
-        self.kv: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}  # attention K/V, keyed by module
-        self.frames = 0  # frames already decoded = absolute position of the next frame
+        self.tails: dict[nn.Module, torch.Tensor] = {}  # conv input tails [B, C, keep], keyed by module
+        self.kv: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}  # [B, kv_heads, window-1, d] each
+        self.frames: torch.Tensor | None = None  # long [1]: absolute position of the next frame
+
+    def position(self, device) -> torch.Tensor:
+        if self.frames is None:
+            self.frames = torch.zeros(1, dtype=torch.long, device=device)
+        return self.frames
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor of the state, in a fixed order (for zeroing, snapshots and restores)."""
+        kv = [t for pair in self.kv.values() for t in pair]
+        return list(self.tails.values()) + kv + ([self.frames] if self.frames is not None else [])
+
+    @torch.inference_mode()  # decoding runs in inference mode, so the buffers are inference tensors
+    def zero_(self) -> DecodeState:
+        """Back to the fresh state (a new utterance), in place."""
+        for t in self.buffers():
+            t.zero_()
+        return self
+
+    def snapshot(self) -> list[torch.Tensor]:
+        return [t.clone() for t in self.buffers()]
+
+    @torch.inference_mode()
+    def restore(self, saved: list[torch.Tensor]) -> None:
+        """Copy a snapshot back in place (the state must not have gained buffers since)."""
+        mine = self.buffers()
+        if len(mine) != len(saved):
+            raise ValueError("DecodeState gained buffers since the snapshot")
+        for dst, src in zip(mine, saved):
+            dst.copy_(src)
 
 
 def _with_tail(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState | None) -> torch.Tensor:
@@ -40,9 +78,9 @@ def _with_tail(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState
         return F.pad(x, (keep, 0))
     tail = state.tails.get(module)
     if tail is None:
-        tail = x.new_zeros(x.shape[0], x.shape[1], keep)
+        tail = state.tails[module] = x.new_zeros(x.shape[0], x.shape[1], keep)
     x = torch.cat([tail, x], dim=-1)
-    state.tails[module] = x[..., x.shape[-1] - keep:]
+    tail.copy_(x[..., x.shape[-1] - keep:])  # in place: a captured graph keeps reading this buffer
     return x
 
 
@@ -186,24 +224,25 @@ class SlidingAttention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
         self.window = cfg.sliding_window
 
-    def forward(self, x, cos, sin, first: int, state: DecodeState | None = None) -> torch.Tensor:
+    def forward(self, x, cos, sin, mask, state: DecodeState | None = None) -> torch.Tensor:
+        """`mask` [n, keys] from SlidingTransformer.mask (keys = n, or window - 1 + n with a state)."""
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        if state is not None:
+        if state is not None:  # fixed-size past: the last window - 1 keys (zeros before frame 0, masked)
             past = state.kv.get(self)
-            if past is not None:
-                k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-            keep = min(self.window - 1, k.shape[2])
-            state.kv[self] = (k[:, :, k.shape[2] - keep:], v[:, :, v.shape[2] - keep:])
+            if past is None:
+                zeros = k.new_zeros(b, self.kv_heads, self.window - 1, self.head_dim)
+                past = state.kv[self] = (zeros, zeros.clone())
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            keep = self.window - 1
+            past[0].copy_(k[:, :, k.shape[2] - keep:])
+            past[1].copy_(v[:, :, v.shape[2] - keep:])
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        qpos = torch.arange(first, first + n, device=x.device)[:, None]
-        kpos = torch.arange(first + n - k.shape[2], first + n, device=x.device)[None, :]
-        mask = (kpos <= qpos) & (kpos > qpos - self.window)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
@@ -229,8 +268,8 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
-    def forward(self, x, cos, sin, first: int, state: DecodeState | None = None) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, first, state))
+    def forward(self, x, cos, sin, mask, state: DecodeState | None = None) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, state))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -254,16 +293,35 @@ class SlidingTransformer(nn.Module):
         """Recompute the non-persistent RoPE frequencies (not stored in checkpoints, e.g. after meta init)."""
         self.inv_freq = self._frequencies().to(device)
 
+    def mask(self, n: int, device, first: torch.Tensor | None) -> torch.Tensor:
+        """Bool [n, keys]: query i sees key j iff 0 <= i - j < window (relative to the chunk).
+
+        One pass (first None): keys are the n frames themselves. Chunked: keys are window - 1 past
+        frames then the n new ones, and past keys before frame 0 (first + j - (window - 1) < 0) are the
+        zero padding of a fresh state, so they are masked too. Tensor ops only, no host sync.
+        """
+        past = 0 if first is None else self.cfg.sliding_window - 1
+        q = torch.arange(n, device=device)[:, None]
+        k = torch.arange(-past, n, device=device)[None, :]
+        mask = (k <= q) & (k > q - self.cfg.sliding_window)
+        if first is not None:
+            mask = mask & (k + first >= 0)
+        return mask
+
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
         """x [B, T, latent] -> [B, T, latent]; positions continue from state.frames when chunked."""
-        first = state.frames if state is not None else 0
         h = self.input_proj(x)
-        pos = torch.arange(first, first + h.shape[1], device=h.device, dtype=torch.float32)
+        n = h.shape[1]
+        first = state.position(h.device) if state is not None else None
+        pos = torch.arange(n, device=h.device, dtype=torch.float32)
+        if first is not None:
+            pos = pos + first.float()  # integers < 2^24: exact, the same angles as one pass
         angles = pos[:, None] * self.inv_freq.float()[None, :]
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos().to(h.dtype), angles.sin().to(h.dtype)
+        mask = self.mask(n, h.device, first)
         for layer in self.layers:
-            h = layer(h, cos, sin, first, state)
+            h = layer(h, cos, sin, mask, state)
         return self.output_proj(self.norm(h))
 
 
@@ -384,7 +442,7 @@ class CodecDecoder(nn.Module):
         h = self.pre_conv(self.quantizer.decode(codes), state)
         h = self.pre_transformer(h.transpose(1, 2), state).transpose(1, 2)
         if state is not None:
-            state.frames += codes.shape[-1]
+            state.position(codes.device).add_(codes.shape[-1])
         for stage in self.upsample:
             for layer in stage:
                 h = layer(h, state)

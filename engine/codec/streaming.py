@@ -5,7 +5,8 @@ Two ways, both behind `StreamingDecoder.push`:
 * stateful (`context_frames=None`, the default): every causal stage keeps what the next chunk needs
   (conv input tails, transposed-conv overlap, the transformer's K/V of the last sliding_window - 1
   frames and the absolute frame position; see decoder.DecodeState). Each push costs only its own
-  frames, and the result equals one pass for ANY weights, because nothing is truncated.
+  frames, and the result equals one pass for ANY weights, because nothing is truncated. The state has
+  static shapes, so on CUDA each chunk size can be replayed as a captured graph (engine/gpu/codec_graph.py).
 * windowed re-decode (`context_frames=N`): each push decodes [last N frames + new frames] from a fresh
   start and keeps the new frames' audio. Fixed-shape work (easy to capture in a graph), but exact only
   while N covers the decoder's effective receptive field, which depends on the weights.
@@ -36,22 +37,34 @@ def _as_decoder(obj) -> CodecDecoder:
 
 
 class StreamingDecoder:
-    """Decode a growing code sequence chunk by chunk; concatenated output equals SpeechTokenizer.decode of all codes."""
+    """Decode a growing code sequence chunk by chunk; concatenated output equals SpeechTokenizer.decode of all codes.
 
-    def __init__(self, tokenizer_or_decoder: nn.Module, batch: int, context_frames: int | None = None):
+    `graphs` (an engine.gpu.codec_graph.CodecGraphs, stateful mode only) replays a captured CUDA graph per
+    chunk size: pushes of exactly `chunk_frames` frames may capture one, any other push uses a graph that
+    already exists for its size or runs eagerly on the same state. The output is the same either way.
+    """
+
+    def __init__(self, tokenizer_or_decoder: nn.Module, batch: int, context_frames: int | None = None,
+                 graphs=None, chunk_frames: int | None = None):
         if batch < 1:
             raise InvalidInputError(f"StreamingDecoder batch must be >= 1, got {batch}.")
         if context_frames is not None and context_frames < 0:
             raise InvalidInputError(f"context_frames must be >= 0 or None (stateful), got {context_frames}.")
+        if context_frames is not None and graphs is not None:
+            raise InvalidInputError("codec graphs serve the stateful mode only (context_frames=None).")
         self.decoder = _as_decoder(tokenizer_or_decoder)
         self.batch = batch
         self.context_frames = context_frames
+        self.graphs = graphs
+        self.chunk_frames = chunk_frames
+        shared = graphs.acquire(batch, self) if graphs is not None else None
+        self._state = shared if shared is not None else DecodeState()
         self.reset()
 
     def reset(self) -> None:
         """Forget everything pushed so far; the next push starts a new utterance."""
         self.frames = 0
-        self._state = DecodeState()
+        self._state.zero_()  # in place: graphs captured on these buffers stay valid
         self._history: torch.Tensor | None = None  # windowed mode: the last context_frames frames [B, Q, n]
 
     @torch.inference_mode()
@@ -70,6 +83,8 @@ class StreamingDecoder:
         self.decoder.check_codes(codes)
         self.frames += k
         if self.context_frames is None:
+            if self.graphs is not None:
+                return self.graphs.decode(codes, self._state, capture=k == self.chunk_frames)
             return self.decoder(codes, self._state, check=False)
         window = codes if self._history is None else torch.cat([self._history, codes], dim=-1)
         self._history = window[..., max(0, window.shape[-1] - self.context_frames):]

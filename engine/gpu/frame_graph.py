@@ -91,17 +91,27 @@ class FrameState:
         self.eos_id = eos_id
 
 
+def _projector(talker, ks):
+    """small_to_mtp_projection as a function: identity (0.6B) or a linear with bias (1.7B)."""
+    proj = talker.code_predictor.small_to_mtp_projection
+    if isinstance(proj, torch.nn.Linear):
+        return lambda x: ks.linear(x, proj.weight, bias=proj.bias)
+    return proj
+
+
 def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_embed, choose) -> torch.Tensor:
     """Codebooks 1..15 as 16 fused single-token steps: positions 0 and 1 take [h, E(c0)] (the eager
-    predictor's two-token prefill), then each new code feeds the next position."""
+    predictor's two-token prefill), then each new code feeds the next position. The final norm runs
+    inside each head's matmul; position 0 only fills the cache, so it skips norm and head."""
     pred = talker.code_predictor
-    proj = pred.small_to_mtp_projection
-    fused.step(proj(s.hidden[:, None]), s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0])
+    proj = _projector(talker, fused.ks)
+    fused.step(proj(s.hidden[:, None]), s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0],
+               final_norm=False)
     x = proj(c0_embed[:, None])
     codes = []
     for j in range(1, pred.num_groups + 1):
-        h = fused.step(x, s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j])
-        code = choose(pred.lm_head[j - 1](h[:, -1]), j)  # logits in the model dtype
+        h = fused.step(x, s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j], final_norm=False)
+        code = choose(fused.head(h[:, -1], pred.lm_head[j - 1].weight), j)  # logits in the model dtype
         codes.append(code)
         if j < pred.num_groups:
             x = proj(pred.model.codec_embedding[j - 1](code)[:, None])
@@ -112,9 +122,10 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
     """One frame over the static buffers of `s` (the graph captures exactly this)."""
     p = s.p
     pred = talker.code_predictor
-    ks = fused["talker"].kernels
-    if ks and "sample" in ks.active:  # one kernel: penalty, suppression, sampling and the bookkeeping
-        c0 = ks.sample(talker.codec_logits(s.hidden), p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
+    ks = fused["talker"].ks
+    codec_logits = ks.linear(s.hidden, talker.codec_head.weight)
+    if "sample" in ks.active:  # one kernel: penalty, suppression, sampling and the bookkeeping
+        c0 = ks.sample(codec_logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
                        keys=s.keys, step=s.t, slot=0, penalty=p["penalty"], seen=s.seen, banned=s.banned,
                        eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"], finished=s.finished, update=True)
 
@@ -122,7 +133,7 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
             return ks.sample(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
                              keys=s.keys, step=s.t, slot=j)
     else:
-        logits = talker.codec_logits(s.hidden).float()
+        logits = codec_logits.float()
         hit = torch.where(logits > 0, logits / p["penalty"], logits * p["penalty"])
         logits = torch.where(s.seen, hit, logits)
         mask = s.banned | (s.eos_mask & (s.t < p["min_new"]))

@@ -20,7 +20,7 @@ import os
 
 from ..errors import Qwen3TTSError
 
-NAMES = ("rms_norm", "qk_norm_rope_kv", "silu_mul", "attention", "sample")
+NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "sample")
 MODES = ("auto", "on", "off")
 
 
@@ -75,6 +75,10 @@ class Kernels:
     def _mod(self, name):
         return importlib.import_module(f"{__name__}.{name}")
 
+    def linear(self, x, weight, **kw):
+        m = self._mod("linear")
+        return (m.linear if "linear" in self.active else m.reference)(x, weight, **kw)
+
     def rms_norm(self, x, weight, eps):
         m = self._mod("rms_norm")
         return (m.rms_norm if "rms_norm" in self.active else m.reference)(x, weight, eps)
@@ -83,10 +87,6 @@ class Kernels:
         m = self._mod("qk_norm_rope_kv")
         fn = m.qk_norm_rope_kv if "qk_norm_rope_kv" in self.active else m.reference
         return fn(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
-
-    def silu_mul(self, gu):
-        m = self._mod("silu_mul")
-        return (m.silu_mul if "silu_mul" in self.active else m.reference)(gu)
 
     def attention(self, q, k_cache, v_cache, bias, scale):
         m = self._mod("attention")

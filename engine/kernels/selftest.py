@@ -16,6 +16,8 @@ TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16:
 # q/k after RoPE: a one-ulp difference of the normed value (sum order / rsqrt) survives the cancellation in
 # q*cos + rot(q)*sin as an absolute error of about one ulp of the normed magnitude (|q| up to ~8 here)
 ROPE_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1.6e-2, 2e-3), torch.bfloat16: (1.25e-1, 1.6e-2)}
+# matmuls: fp32 sums over K up to 6144 in another order than cuBLAS / fp64 differ by ~1e-5 absolute
+LINEAR_TOL = {**TOL, torch.float32: (5e-5, 5e-5)}
 ATTN_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3.2e-2, 3.2e-2)}
 
 
@@ -40,11 +42,32 @@ def check_rms_norm(device, dtype, m, n, seed=0):
     _close(k.rms_norm(x, w, 1e-6), k.reference(x, w, 1e-6), TOL[dtype], f"rms_norm {dtype} M={m} N={n}")
 
 
-def check_silu_mul(device, dtype, m, inter, seed=0):
-    from . import silu_mul as k
+# Decode matmul shapes (N, K, prologue, residual, bias) of the 0.6B / 1.7B layers and heads: qkv and
+# gate/up after their norms, o_proj and down_proj (SwiGLU in front) with the residual, predictor heads
+# after the final norm, the talker's codec head, and the 1.7B small_to_mtp_projection (bias).
+LINEAR_SHAPES = [(4096, 1024, "rms_norm", False, False), (6144, 1024, "rms_norm", False, False),
+                 (1024, 2048, "none", True, False), (1024, 3072, "silu_mul", True, False),
+                 (2048, 1024, "rms_norm", False, False), (3072, 1024, "none", False, False),
+                 (4096, 2048, "rms_norm", False, False), (12288, 2048, "rms_norm", False, False),
+                 (2048, 2048, "none", True, False), (2048, 6144, "silu_mul", True, False),
+                 (1024, 2048, "none", False, True)]
 
-    gu = _rand((m, 1, 2 * inter), dtype, device, seed, 3.0)
-    _close(k.silu_mul(gu), k.reference(gu), TOL[dtype], f"silu_mul {dtype} M={m} I={inter}")
+
+def check_linear(device, dtype, m, n, k, prologue="none", residual=False, bias=False, seed=0, config=None,
+                 target=None):
+    from . import linear as kl
+
+    width = 2 * k if prologue == "silu_mul" else k
+    x = _rand((m, 1, width), dtype, device, seed, 2.0 if prologue == "silu_mul" else 1.0)
+    w = _rand((n, k), dtype, device, seed + 1, k ** -0.5)
+    nw = _rand((k,), dtype, device, seed + 2, 0.2, 1.0) if prologue == "rms_norm" else None
+    b = _rand((n,), dtype, device, seed + 3) if bias else None
+    r = _rand((m, 1, n), dtype, device, seed + 4) if residual else None
+    args = dict(prologue=prologue, norm_weight=nw, eps=1e-6, bias=b, residual=r)
+    splits = kl.plan(m, n, k, config, target)["splits"]
+    _close(kl.linear(x, w, **args, config=config, target=target), kl.exact(x, w, **args), LINEAR_TOL[dtype],
+           f"linear {dtype} M={m} N={n} K={k} {prologue} residual={residual} bias={bias} splits={splits}")
+    return splits
 
 
 def rope_tables(d, pos, dtype, device, base=1_000_000.0):
@@ -200,11 +223,11 @@ def run_all(device="cuda", verbose=True):
         for m in (1, 4, 8, 16):
             for n in (1024, 2048):
                 check_rms_norm(device, dt, m, n)
-            for inter in (3072, 6144):
-                check_silu_mul(device, dt, m, inter)
             check_qk_norm_rope_kv(device, dt, m)
             for w in (16, 256, 1024):
                 check_attention(device, dt, m, seq=max(64, w), window=w, filled=w - 3, block_n=64)
+            for n, k, prologue, residual, bias in LINEAR_SHAPES:
+                check_linear(device, dt, m, n, k, prologue, residual, bias)
     for vocab in (2048, 3072):
         for case in ({"do_sample": False}, {}, {"top_k": 0}, {"top_p": 0.8}, {"top_k": 1},
                      {"top_k": 20, "top_p": 0.5, "temperature": 1.3}, {"top_k": 0, "top_p": 0.95, "scale": 1.0}):

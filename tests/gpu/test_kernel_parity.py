@@ -49,10 +49,8 @@ def test_layer_hidden_states_cosine(tiny_checkpoints, dtype):
             rope = plain.rope(pos, eng.dtype)
             xa, xb = x, x
             for i, (la, lb) in enumerate(zip(plain.layers, fast.layers)):
-                xa = la.step(xa, *rope, cache_a.k[i], cache_a.v[i], pos, bias)
-                from engine.kernels.layer_step import layer_step
-
-                xb = layer_step(ks, lb, xb, *rope, cache_b.k[i], cache_b.v[i], pos, bias)
+                xa = la.step(plain.ks, xa, *rope, cache_a.k[i], cache_a.v[i], pos, bias)
+                xb = lb.step(ks, xb, *rope, cache_b.k[i], cache_b.v[i], pos, bias)
                 cos = torch.nn.functional.cosine_similarity(xa.float().flatten(1), xb.float().flatten(1)).min()
                 assert cos >= 0.999, (dtype, i, step, float(cos))
 

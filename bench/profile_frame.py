@@ -1,0 +1,141 @@
+"""Where a decode frame spends its GPU time: per-kernel totals of one frame, and GEMV bandwidth.
+
+    python bench/profile_frame.py --out DIR [--size 0.6b] [--takes 1] [--triton auto]
+
+Loads a real-size random CustomVoice checkpoint (built like bench/gpu_bench.py), decodes a short request
+to capture the graphs, then
+  * replays the whole-frame graph 200 times and reports ms per frame;
+  * profiles the same frame body eagerly (CUDA activity only) and groups kernels by name: count per
+    frame, summed device microseconds, share of the frame; the difference between the graph's wall time
+    and the summed kernel time is launch latency and gaps;
+  * times torch's linear at the decode shapes with weights rotated through more memory than L2 holds,
+    so the figure is HBM bandwidth, not cache.
+Writes DIR/profile_<size>_b<takes>_<triton>.json and prints the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def frame_ms(runner, frames=200) -> float:
+    s = runner.s
+    saved = [x.clone() for x in s.small_state()]
+    graph = runner._graph(runner._window(runner.position))
+    graph.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(frames):
+        graph.replay()
+    b.record()
+    b.synchronize()
+    for dst, src in zip(s.small_state(), saved):
+        dst.copy_(src)
+    return a.elapsed_time(b) / frames
+
+
+def kernel_table(eng) -> list:
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.gpu.frame_graph import frame_body
+
+    runner = eng.runner
+    s = runner.s
+    saved = [x.clone() for x in s.small_state()]
+    window = runner._window(runner.position)
+    frame_body(eng.talker, runner.fused, s, window)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        frame_body(eng.talker, runner.fused, s, window)
+        torch.cuda.synchronize()
+    for dst, src in zip(s.small_state(), saved):
+        dst.copy_(src)
+    groups = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            g = groups[e.name[:90]]
+            g[0] += 1
+            g[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    rows = [{"kernel": k, "count": c, "us": round(us, 1)} for k, (c, us) in groups.items()]
+    rows.sort(key=lambda r: -r["us"])
+    return rows
+
+
+def gemv_bandwidth(dtype, takes: int) -> list:
+    shapes = [(4096, 1024), (6144, 1024), (1024, 3072), (1024, 2048), (2048, 1024), (3072, 1024),
+              (4096, 2048), (12288, 2048), (2048, 6144), (2048, 2048)]
+    out = []
+    for n, k in shapes:
+        copies = max(2, int(4 * 2 ** 30 // (n * k * 2) // 8))  # well past L2 but bounded
+        copies = min(copies, 64)
+        ws = [torch.randn(n, k, device="cuda", dtype=dtype) for _ in range(copies)]
+        x = torch.randn(takes, k, device="cuda", dtype=dtype)
+        for w in ws[:3]:
+            torch.nn.functional.linear(x, w)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for w in ws:
+                torch.nn.functional.linear(x, w)
+        g.replay()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(5):
+            g.replay()
+        b.record()
+        b.synchronize()
+        us = a.elapsed_time(b) * 1000 / (5 * copies)
+        out.append({"N": n, "K": k, "M": takes, "us": round(us, 2),
+                    "GBps": round(n * k * 2 / us / 1e3, 1)})
+        del ws
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", default="0.6b")
+    ap.add_argument("--takes", type=int, default=1)
+    ap.add_argument("--triton", default="auto")
+    ap.add_argument("--frames", type=int, default=64)
+    args = ap.parse_args()
+    from engine import Engine, Request
+    from gpu_bench import TEXT, checkpoint
+
+    eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton=args.triton,
+                      max_seq_len=1024)
+    req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
+    eng.generate(req, takes=args.takes, seed=0, params=eng.defaults.replace(max_new_tokens=args.frames))
+    runner = eng.runner
+    ms = frame_ms(runner)
+    rows = kernel_table(eng)
+    total_us = sum(r["us"] for r in rows)
+    count = sum(r["count"] for r in rows)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "size": args.size,
+              "takes": args.takes, "triton": args.triton, "kernels": eng.info.kernels,
+              "graph_ms_per_frame": round(ms, 3), "kernels_per_frame": count,
+              "summed_kernel_us": round(total_us, 1), "by_kernel": rows,
+              "gemv": gemv_bandwidth(torch.bfloat16, args.takes)}
+    print(f"{args.size} B={args.takes} triton={args.triton}: graph {ms:.3f} ms/frame, {count} kernels, "
+          f"summed kernel time {total_us / 1000:.3f} ms")
+    for r in rows[:45]:
+        print(f"{r['count']:5d} {r['us']:9.1f} us {100 * r['us'] / total_us:5.1f}%  {r['kernel']}")
+    for r in result["gemv"]:
+        print(f"linear M={r['M']} N={r['N']} K={r['K']}: {r['us']} us, {r['GBps']} GB/s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"profile_{args.size}_b{args.takes}_{args.triton}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

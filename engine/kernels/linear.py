@@ -1,0 +1,259 @@
+"""Skinny linear layers for decode (M = 1..16 rows) with their neighbours fused in: one launch for
+
+    y = [res +] prologue(x) @ W^T [+ bias]
+
+where the prologue is nothing, an RMSNorm over the row (norm weight applied), or SwiGLU of a merged
+gate/up row (x = [gate | up], 2K wide). It replaces, per decoder layer, rms_norm + qkv matmul,
+o_proj addmm (its copy of the residual and cuBLAS's split-K reduce), rms_norm + gate/up matmul and
+silu_mul + down addmm: cuBLAS runs these M = 1 shapes at 0.3-2 TB/s (bench/results/profile_*.json),
+far from HBM bandwidth, because few output columns leave most SMs idle.
+
+Work split: each program owns BLOCK_N output columns and a run of K; when there are few columns the
+K range is split over several programs (split-K). Their fp32 partials go to a workspace, and the
+program that arrives last at a per-column-block counter adds them in a fixed order (deterministic)
+and applies the epilogue, then re-arms the counter for the next launch (graph replays included).
+
+Numerics follow the torch reference: the RMSNorm rounds the normalised row to x.dtype before the
+weight, and the weighted row again; SiLU rounds to x.dtype before the product with up; the matmul
+accumulates in fp32 (true fp32 for fp32 inputs, no TF32); bias and residual are added to the fp32
+sum, rounded once, as cuBLAS's addmm epilogue does.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from . import interpreting
+
+triton = tl = _round = _mma = None  # bound on first use by _kernel()
+
+PROLOGUES = {"none": 0, "rms_norm": 1, "silu_mul": 2}
+MAX_ROWS = 64
+
+
+def apply_prologue(x, prologue="none", norm_weight=None, eps=1e-6):
+    """The prologue in torch, rounding where the kernel rounds."""
+    if prologue == "rms_norm":
+        return F.rms_norm(x, (x.shape[-1],), eps=eps) * norm_weight
+    if prologue == "silu_mul":
+        inter = x.shape[-1] // 2
+        return F.silu(x[..., :inter]) * x[..., inter:]
+    if prologue != "none":
+        raise ValueError(f"prologue must be one of {tuple(PROLOGUES)} (got {prologue!r})")
+    return x
+
+
+def reference(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None):
+    """The torch ops this kernel replaces (the off path). On CUDA, cuBLAS adds bias and residual to the
+    fp32 sum and rounds once, like the kernel; CPU bf16 addmm may round twice."""
+    x = apply_prologue(x, prologue, norm_weight, eps)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if residual is not None:
+        base = residual.reshape(-1, weight.shape[0])
+        if bias is not None:
+            base = base + bias
+        return torch.addmm(base, x2, weight.t()).view(*lead, -1)
+    return F.linear(x2, weight, bias).view(*lead, -1)
+
+
+def exact(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None):
+    """Test oracle: the prologue in x.dtype, then the matmul, bias and residual in fp64, rounded once."""
+    a = apply_prologue(x, prologue, norm_weight, eps).double()
+    y = a @ weight.double().t()
+    if bias is not None:
+        y = y + bias.double()
+    if residual is not None:
+        y = y + residual.double().reshape(y.shape)
+    return y.to(x.dtype)
+
+
+@functools.cache
+def _kernel():
+    global triton, tl, _round, _mma
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _round(x, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """fp32 -> dt, round to nearest even. The interpreter's fp32 -> bf16 cast truncates, so there the
+        rounding is done on the bits first (the cast of an exact bf16 value is then exact)."""
+        if EMULATE_RNE:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+        return x.to(dt)
+
+    @triton.jit
+    def _mma(acc, a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+        """acc [rows, BLOCK_N] += a [rows, BLOCK_K] @ w [BLOCK_N, BLOCK_K]^T."""
+        if USE_DOT:  # tensor cores; rows padded to 16
+            if IEEE:  # fp32 inputs (or the interpreter, whose numpy dot has no bf16): exact fp32 products
+                acc += tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(a, tl.trans(w))
+        else:  # a few rows: plain FMAs over [rows, BLOCK_N, BLOCK_K], no padding
+            acc += tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        return acc
+
+    @triton.jit
+    def linear_kernel(x_ptr, stride_x, w_ptr, stride_w, y_ptr, stride_y, res_ptr, stride_r,
+                      nw_ptr, bias_ptr, part_ptr, count_ptr,
+                      M, N, K, eps, chunk,
+                      PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr, ONE_TILE: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        splits = tl.num_programs(1)
+        dt = y_ptr.dtype.element_ty
+        rm = tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok = rm < M
+        n_ok = rn < N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if ONE_TILE:  # all of K in one tile: issue the weight load first, then the row and its norm
+            rk = tl.arange(0, BLOCK_K)
+            k_ok = rk < K
+            w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            a = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if PROLOGUE == 1:
+                af = a.to(tl.float32)
+                rinv = tl.rsqrt(tl.sum(af * af, axis=1) / K + eps)
+                a = _round(af * rinv[:, None], dt, EMULATE_RNE).to(tl.float32)
+                nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+                a = _round(a * nw[None, :], dt, EMULATE_RNE)
+            acc = _mma(acc, a, w, USE_DOT, IEEE)
+        else:
+            if PROLOGUE == 1:  # RMS of each full row (every program recomputes it: M x K from L2 is cheap)
+                ss = tl.zeros([BLOCK_M], tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    rk = k0 + tl.arange(0, BLOCK_K)
+                    xv = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :],
+                                 mask=m_ok[:, None] & (rk[None, :] < K), other=0.0).to(tl.float32)
+                    ss += tl.sum(xv * xv, axis=1)
+                rinv = tl.rsqrt(ss / K + eps)
+            k_start = pid_k * chunk
+            k_end = tl.minimum(k_start + chunk, K)
+            for k0 in range(k_start, k_end, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                k_ok = rk < k_end
+                xmask = m_ok[:, None] & k_ok[None, :]
+                xp = x_ptr + rm[:, None] * stride_x + rk[None, :]
+                if PROLOGUE == 2:
+                    g = tl.load(xp, mask=xmask, other=0.0).to(tl.float32)
+                    u = tl.load(xp + K, mask=xmask, other=0.0).to(tl.float32)
+                    s = _round(g / (1.0 + tl.exp(-g)), dt, EMULATE_RNE).to(tl.float32)
+                    a = _round(s * u, dt, EMULATE_RNE)
+                else:
+                    a = tl.load(xp, mask=xmask, other=0.0)
+                    if PROLOGUE == 1:
+                        a = _round(a.to(tl.float32) * rinv[:, None], dt, EMULATE_RNE).to(tl.float32)
+                        nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+                        a = _round(a * nw[None, :], dt, EMULATE_RNE)
+                w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                            other=0.0)
+                acc = _mma(acc, a, w, USE_DOT, IEEE)
+        out_mask = m_ok[:, None] & n_ok[None, :]
+        last = splits == 1
+        if splits > 1:
+            tile = rm[:, None] * N + rn[None, :]
+            tl.store(part_ptr + pid_k * M * N + tile, acc, mask=out_mask)
+            tl.debug_barrier()  # every thread's partial is written before the counter moves
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+            last = arrived == splits - 1
+            if last:  # fixed summation order, whoever arrives last
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for sp in range(0, splits):
+                    acc += tl.load(part_ptr + sp * M * N + tile, mask=out_mask, other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(count_ptr + pid_n, 0)  # re-arm for the next launch
+        if last:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if RESIDUAL:
+                acc += tl.load(res_ptr + rm[:, None] * stride_r + rn[None, :], mask=out_mask,
+                               other=0.0).to(tl.float32)
+            tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], _round(acc, dt, EMULATE_RNE), mask=out_mask)
+
+    return linear_kernel
+
+
+# Launch shapes from the decode-shape sweep (bench/kernel_bench.py --linear-sweep, results in
+# bench/results/linear_sweep_bf16.json). Up to FMA_ROWS rows the matmul runs as FMAs over [rows, 8, 1024]
+# tiles with 4 programs per SM; above, on tensor cores (rows padded to 16) over [16+, 32, 256] tiles
+# with 2 per SM. PROGRAMS_PER_SM sets how far K is split when N is narrow.
+FMA_ROWS = 2
+CONFIG = {"fma": {"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 4},
+          "dot": {"BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 2}}
+
+
+@functools.cache
+def _sm_count(device) -> int:
+    if torch.device(device).type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _counters(device) -> torch.Tensor:
+    """Split-K arrival counters, one per column block; each launch leaves them at zero."""
+    return torch.zeros(1 << 16, dtype=torch.int32, device=device)
+
+
+def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132) -> dict:
+    """Launch parameters for an [m, k] x [k, n] decode matmul (pure Python, testable without a GPU).
+
+    `config` overrides the chosen path's CONFIG entries ("FMA_ROWS" included); `target` the program count."""
+    fma_rows = (config or {}).get("FMA_ROWS", FMA_ROWS)
+    use_dot = m > fma_rows
+    cfg = {**CONFIG["dot" if use_dot else "fma"], **(config or {})}
+    target = cfg["PROGRAMS_PER_SM"] * sms if target is None else target
+    block_n, block_k = cfg["BLOCK_N"], cfg["BLOCK_K"]
+    if use_dot:
+        block_n = max(16, block_n)
+    n_blocks = -(-n // block_n)
+    k_blocks = -(-k // block_k)
+    splits = max(1, min(k_blocks, round(target / n_blocks)))
+    chunk = -(-k_blocks // splits) * block_k
+    splits = -(-k // chunk)  # no empty programs
+    block_m = max(16, 1 << (m - 1).bit_length()) if use_dot else 1 << (m - 1).bit_length()
+    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+            "BLOCK_M": block_m, "USE_DOT": use_dot, "n_blocks": n_blocks, "splits": splits, "chunk": chunk}
+
+
+def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
+           config=None, target=None):
+    """x [..., K] (or [..., 2K] for silu_mul) with rows contiguous; weight [N, K] row-major -> [..., N].
+
+    Same contract as `reference`; rows beyond MAX_ROWS fall back to it (decode never has them)."""
+    code = PROLOGUES[prologue]
+    n, k = weight.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    m = x2.shape[0]
+    if m > MAX_ROWS:
+        return reference(x, weight, prologue=prologue, norm_weight=norm_weight, eps=eps, bias=bias,
+                         residual=residual)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    assert weight.stride(-1) == 1, "weight rows must be contiguous"
+    assert x2.shape[1] == (2 * k if code == 2 else k), (x.shape, weight.shape, prologue)
+    p = plan(m, n, k, config, target, _sm_count(x.device))
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    res = residual.reshape(m, n) if residual is not None else y
+    split = p["splits"] > 1
+    part = torch.empty(p["splits"], m, n, dtype=torch.float32, device=x.device) if split else y
+    counters = _counters(x.device)
+    assert p["n_blocks"] <= counters.numel()
+    _kernel()[(p["n_blocks"], p["splits"])](
+        x2, x2.stride(0), weight, weight.stride(0), y, y.stride(0), res, res.stride(0),
+        norm_weight if norm_weight is not None else y, bias if bias is not None else y, part, counters,
+        m, n, k, float(eps), p["chunk"],
+        PROLOGUE=code, RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=p["USE_DOT"],
+        IEEE=x.dtype == torch.float32 or interpreting(), EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
+        ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2, BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"],
+        num_warps=p["num_warps"], num_stages=p["num_stages"])
+    return y.view(*lead, n)
