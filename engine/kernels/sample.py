@@ -7,10 +7,9 @@ at sorted position k_index (ties kept), probabilities are the softmax over those
 smallest prefix of the descending order whose mass reaches p (the first always kept), and the id is the
 exponential race argmax p_i / -log(u_i).
 
-No sort: the k-th largest value is found by an 8-round radix select over the order-preserving integer
-keys of the float32 values (each round counts the row against 16 candidate digits at once) and the top-p
-cut by a 32-step bisection over the same keys (each step one masked sum over the row held in
-registers), each skipped at run time when top-k or top-p is disabled, and the whole sampled branch is
+No sort: the k-th largest value and the top-p cut are found by a 32-step bisection over the
+order-preserving integer keys of the float32 values (each step one count / masked sum over the row held
+in registers), skipped at run time when top-k or top-p is disabled, and the whole sampled branch is
 skipped when do_sample is false. Differences from the torch path: only at exact ties of values at the
 top-p boundary (the kernel keeps every tied id; the sort keeps an arbitrary subset) and ulp-level
 rounding of the probabilities (a different summation order), which can flip a race that is tied to
@@ -126,12 +125,13 @@ def _kernel():
             kidx = tl.load(kidx_ptr)
             # top-k: the largest key K with count(key >= K) >= kidx + 1 is the key at sorted position kidx
             kth = tl.full((), 0, tl.uint32)
-            if kidx < V - 1:  # radix select, 4 bits a round: count(key >= kth) > kidx holds throughout
-                digits = tl.arange(0, 16).to(tl.uint32)
-                for r in tl.static_range(8):
-                    cand = kth | (digits << (28 - 4 * r))
-                    cnt = tl.sum(tl.where(valid[None, :] & (key[None, :] >= cand[:, None]), 1, 0), axis=1)
-                    kth = kth | (tl.max(tl.where(cnt > kidx, digits, 0), axis=0) << (28 - 4 * r))
+            if kidx < V - 1:
+                bit = tl.full((), 0x80000000, tl.uint32)
+                for _ in range(32):
+                    cand = kth | bit
+                    cnt = tl.sum(tl.where(valid & (key >= cand), 1, 0), axis=0)
+                    kth = tl.where(cnt > kidx, cand, kth)
+                    bit = bit >> 1
             keep = valid & (key >= kth)
             m = tl.max(tl.where(keep, x, NEG), axis=0)
             e = tl.where(keep, _exp(x - m), 0.0)
