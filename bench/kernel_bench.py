@@ -79,20 +79,23 @@ def linear_case(dt, dev, m, n, k, prologue, residual, bias, **launch):
     return (lambda: linear.linear(x, weight(), **args, **launch)), (lambda: linear.reference(x, weight(), **args))
 
 
-def linear_sweep(dt, dev, reps):
-    """Time every launch configuration at every decode matmul shape (rows 1 and 16)."""
+def linear_sweep(dt, dev, reps, row_counts=(1, 16)):
+    """Time every launch configuration at every decode matmul shape."""
     import itertools
 
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows = []
-    for m in (1, 16):
+    for m in row_counts:
         for n, k, prologue, residual, bias in selftest.LINEAR_SHAPES:
             _, ref = linear_case(dt, dev, m, n, k, prologue, residual, bias)
             t_ref = graph_time_us(ref, reps=reps)
             fma = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "FMA_ROWS": 16}
-                   for bn, bk, st in itertools.product((8, 16), (512, 1024), (1, 3))] if m <= 2 else []
+                   for bn, bk, st in itertools.product((8, 16), (512, 1024), (1, 3))] if m <= 2 else \
+                [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": 3, "FMA_ROWS": 16}
+                 for bn, bk in itertools.product((8, 16), (128, 256))] if m <= 8 else []
             dot = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "FMA_ROWS": 0}
-                   for bn, bk, st in itertools.product((16, 32), (256, 512), (1, 3))]
+                   for bn, bk, st in itertools.product((16, 32), (256, 512), (1, 3))] if m not in (4, 8) else \
+                [{"BLOCK_N": 32, "BLOCK_K": 256, "num_stages": 3, "FMA_ROWS": 0}]
             for config, mult in itertools.product(fma + dot, (2, 4)):
                 fn, _ = linear_case(dt, dev, m, n, k, prologue, residual, bias, config=config, target=mult * sms)
                 t = graph_time_us(fn, inner=20, reps=reps)
@@ -160,16 +163,18 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--linear-sweep", action="store_true", help="only sweep linear launch configurations")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="row counts for --linear-sweep")
     args = ap.parse_args()
     ok, why = kernels.available("cuda")
     if not ok:
         sys.exit(f"kernel_bench needs the Triton kernels on CUDA: {why}")
     dt, dev = DTYPES[args.dtype], "cuda"
     if args.linear_sweep:
-        rows = linear_sweep(dt, dev, args.reps)
+        rows = linear_sweep(dt, dev, args.reps, args.rows)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"linear_sweep_{args.dtype}.json").write_text(json.dumps(rows, indent=1))
+        tag = "" if args.rows == [1, 16] else "_rows" + "_".join(map(str, args.rows))
+        (out / f"linear_sweep_{args.dtype}{tag}.json").write_text(json.dumps(rows, indent=1))
         return
     rows = []
     for name, shape, fn, ref in cases(dt, dev):

@@ -116,6 +116,15 @@ def test_linear_one_tile(dtype, m, prologue):
     st.check_linear(DEV, dtype, m, 40, 200, prologue, seed=m, config={**SMALL_LINEAR, "BLOCK_K": 256}, target=1)
 
 
+def test_linear_long_swiglu_on_tensor_cores():
+    """Past SWIGLU_IN_DOT_MAX_K the tensor-core path takes the SwiGLU from torch; the result is the same."""
+    from engine.kernels import linear as kl
+
+    k = kl.SWIGLU_IN_DOT_MAX_K + 64
+    st.check_linear(DEV, torch.bfloat16, 4, 16, k, "silu_mul", True, config={**SMALL_LINEAR, "BLOCK_K": 256},
+                    target=4)
+
+
 def test_linear_rows_past_one_tile():
     """32 rows (the predictor's two-token step at 16 takes) take a 32-row tile."""
     st.check_linear(DEV, torch.bfloat16, 32, 24, 96, "rms_norm", config=SMALL_LINEAR, target=8)

@@ -48,7 +48,8 @@ function show(id) {
   if (!s || !node) return;
   const ttfa = s.ttfaClient == null ? "-" : `${(s.ttfaClient * 1000).toFixed(0)} ms`;
   const ttfaSrv = s.ttfaServer == null ? "-" : `${(s.ttfaServer * 1000).toFixed(0)} ms`;
-  const rtf = s.rtf == null ? "-" : s.rtf.toFixed(3);
+  // RTF as everywhere in this pack: seconds of audio per second of wall time (above 1 = faster than real time)
+  const rtf = s.rtf == null ? "-" : `${s.rtf.toFixed(2)}x`;
   statusBox(node).textContent =
     `${s.done ? "done" : "streaming"}  chunks ${s.chunks}  audio ${s.audioS.toFixed(2)} s\n` +
     `TTFA ${ttfa} (server ${ttfaSrv})  RTF ${rtf}  gaps ${s.gaps}`;
@@ -79,7 +80,7 @@ function onEvent(d) {
     s.audioS += pcm.length / s.sampleRate;
     if (s.ttfaClient == null) s.ttfaClient = (performance.now() - s.t0) / 1000;
     s.ttfaServer = d.ttfa_s;
-    s.rtf = d.elapsed_s / Math.max(d.audio_s, 1e-9);
+    s.rtf = d.audio_s / Math.max(d.elapsed_s, 1e-9);
   } else if (d.phase === "end") {
     const s = state[id];
     if (!s) return;

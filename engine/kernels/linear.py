@@ -190,6 +190,9 @@ CONFIG = {"fma": {"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 3
           "dot": {"BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 2}}
 
 
+SWIGLU_IN_DOT_MAX_K = 4096
+
+
 @functools.cache
 def _sm_count(device) -> int:
     if torch.device(device).type != "cuda":
@@ -242,6 +245,11 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     assert weight.stride(-1) == 1, "weight rows must be contiguous"
     assert x2.shape[1] == (2 * k if code == 2 else k), (x.shape, weight.shape, prologue)
     p = plan(m, n, k, config, target, _sm_count(x.device))
+    if code == 2 and p["USE_DOT"] and k > SWIGLU_IN_DOT_MAX_K:
+        # Measured (bench/results/linear_sweep_bf16_rows8.json): on the tensor-core path a long SwiGLU
+        # prologue starves the loads (1.7B down_proj, 8 rows: 43.5 us fused, 17.9 us in torch). There the
+        # SwiGLU runs as its two torch ops and this kernel does the matmul and the residual.
+        x2, code = apply_prologue(x2, "silu_mul"), 0
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     res = residual.reshape(m, n) if residual is not None else y
     split = p["splits"] > 1
