@@ -118,23 +118,9 @@ def worker_ours(ckpt: Path, frames: int, takes_list, mode: str, triton: str = "a
 
 def count_kernels(eng) -> int:
     """CUDA kernels launched by one frame body (the graph replays exactly these)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    from profile_frame import kernel_table
 
-    from engine.gpu.frame_graph import frame_body
-
-    runner = eng.runner
-    s = runner.states[1]
-    saved = [x.clone() for x in s.small_state()]
-    window = runner._window(int(s.pos.item()))
-    frame_body(eng.talker, runner.fused, s, window)
-    _sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        frame_body(eng.talker, runner.fused, s, window)
-        _sync()
-    for dst, src in zip(s.small_state(), saved):
-        dst.copy_(src)
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(r["count"] for r in kernel_table(eng))
 
 
 def _patch_tf5_rope():

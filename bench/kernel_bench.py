@@ -79,6 +79,22 @@ def linear_case(dt, dev, m, n, k, prologue, residual, bias, **launch):
     return (lambda: linear.linear(x, weight(), **args, **launch)), (lambda: linear.reference(x, weight(), **args))
 
 
+def sweep_configs(m: int) -> list:
+    """Launch configurations tried at m rows: FMA and tensor-core tiles (at 3-8 rows only the tensor-core
+    configuration in use, against smaller FMA tiles)."""
+    import itertools
+
+    if m <= 2:
+        fma = itertools.product((8, 16), (512, 1024), (1, 3))
+    elif m <= 8:
+        fma = itertools.product((8, 16), (128, 256), (3,))
+    else:
+        fma = ()
+    dot = [(32, 256, 3)] if 2 < m <= 8 else itertools.product((16, 32), (256, 512), (1, 3))
+    return ([{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "FMA_ROWS": 16} for bn, bk, st in fma]
+            + [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "FMA_ROWS": 0} for bn, bk, st in dot])
+
+
 def linear_sweep(dt, dev, reps, row_counts=(1, 16)):
     """Time every launch configuration at every decode matmul shape."""
     import itertools
@@ -89,14 +105,7 @@ def linear_sweep(dt, dev, reps, row_counts=(1, 16)):
         for n, k, prologue, residual, bias in selftest.LINEAR_SHAPES:
             _, ref = linear_case(dt, dev, m, n, k, prologue, residual, bias)
             t_ref = graph_time_us(ref, reps=reps)
-            fma = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "FMA_ROWS": 16}
-                   for bn, bk, st in itertools.product((8, 16), (512, 1024), (1, 3))] if m <= 2 else \
-                [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": 3, "FMA_ROWS": 16}
-                 for bn, bk in itertools.product((8, 16), (128, 256))] if m <= 8 else []
-            dot = [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "FMA_ROWS": 0}
-                   for bn, bk, st in itertools.product((16, 32), (256, 512), (1, 3))] if m not in (4, 8) else \
-                [{"BLOCK_N": 32, "BLOCK_K": 256, "num_stages": 3, "FMA_ROWS": 0}]
-            for config, mult in itertools.product(fma + dot, (2, 4)):
+            for config, mult in itertools.product(sweep_configs(m), (2, 4)):
                 fn, _ = linear_case(dt, dev, m, n, k, prologue, residual, bias, config=config, target=mult * sms)
                 t = graph_time_us(fn, inner=20, reps=reps)
                 p = linear.plan(m, n, k, config, mult * sms)

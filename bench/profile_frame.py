@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def frame_ms(runner, frames=200) -> float:
     s = runner.s
-    saved = [x.clone() for x in s.small_state()]
+    saved = s.snapshot()
     graph = runner._graph(runner._window(runner.position))
     graph.replay()
     torch.cuda.synchronize()
@@ -39,27 +39,27 @@ def frame_ms(runner, frames=200) -> float:
         graph.replay()
     b.record()
     b.synchronize()
-    for dst, src in zip(s.small_state(), saved):
-        dst.copy_(src)
+    s.restore(saved)
     return a.elapsed_time(b) / frames
 
 
 def kernel_table(eng) -> list:
+    """One eager frame body under the profiler: [{kernel, count, us}] by summed device time (the graph
+    replays exactly these launches)."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine.gpu.frame_graph import frame_body
 
     runner = eng.runner
     s = runner.s
-    saved = [x.clone() for x in s.small_state()]
+    saved = s.snapshot()
     window = runner._window(runner.position)
     frame_body(eng.talker, runner.fused, s, window)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         frame_body(eng.talker, runner.fused, s, window)
         torch.cuda.synchronize()
-    for dst, src in zip(s.small_state(), saved):
-        dst.copy_(src)
+    s.restore(saved)
     groups = defaultdict(lambda: [0, 0.0])
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:

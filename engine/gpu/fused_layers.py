@@ -76,11 +76,10 @@ def fused(layer: DecoderLayer) -> FusedLayer:
 class FusedStack:
     """Single-token steps over a DecoderStack (talker or code predictor)."""
 
-    def __init__(self, stack: DecoderStack, kernels=None):
+    def __init__(self, stack: DecoderStack, kernels: Kernels | None = None):
         self.stack = stack
         self.layers = [fused(layer) for layer in stack.layers]
-        self.kernels = kernels  # engine.kernels.Kernels with something active, or None for plain torch
-        self.ks = kernels if kernels else NO_KERNELS
+        self.ks = kernels or NO_KERNELS  # None or nothing active: every op as its torch reference
 
     def rope(self, pos: torch.Tensor, dtype):
         cos, sin = self.stack.rotary(pos, dtype)

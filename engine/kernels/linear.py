@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from . import interpreting
 
-triton = tl = _round = _mma = None  # bound on first use by _kernel()
+triton = tl = _round = _rms_apply = _mma = None  # bound on first use by _kernel()
 
 PROLOGUES = {"none": 0, "rms_norm": 1, "silu_mul": 2}
 MAX_ROWS = 64
@@ -72,7 +72,7 @@ def exact(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, 
 
 @functools.cache
 def _kernel():
-    global triton, tl, _round, _mma
+    global triton, tl, _round, _rms_apply, _mma
     import triton
     import triton.language as tl
 
@@ -85,6 +85,13 @@ def _kernel():
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
             x = bits.to(tl.float32, bitcast=True)
         return x.to(dt)
+
+    @triton.jit
+    def _rms_apply(a, rinv, nw_ptr, rk, k_ok, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """Normalised row (rounded to dt) times the norm weight (rounded again), as the torch RMSNorm."""
+        a = _round(a.to(tl.float32) * rinv[:, None], dt, EMULATE_RNE).to(tl.float32)
+        nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+        return _round(a * nw[None, :], dt, EMULATE_RNE)
 
     @triton.jit
     def _mma(acc, a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
@@ -123,9 +130,7 @@ def _kernel():
             if PROLOGUE == 1:
                 af = a.to(tl.float32)
                 rinv = tl.rsqrt(tl.sum(af * af, axis=1) / K + eps)
-                a = _round(af * rinv[:, None], dt, EMULATE_RNE).to(tl.float32)
-                nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
-                a = _round(a * nw[None, :], dt, EMULATE_RNE)
+                a = _rms_apply(a, rinv, nw_ptr, rk, k_ok, dt, EMULATE_RNE)
             acc = _mma(acc, a, w, USE_DOT, IEEE)
         else:
             if PROLOGUE == 1:  # RMS of each full row (every program recomputes it: M x K from L2 is cheap)
@@ -151,9 +156,7 @@ def _kernel():
                 else:
                     a = tl.load(xp, mask=xmask, other=0.0)
                     if PROLOGUE == 1:
-                        a = _round(a.to(tl.float32) * rinv[:, None], dt, EMULATE_RNE).to(tl.float32)
-                        nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
-                        a = _round(a * nw[None, :], dt, EMULATE_RNE)
+                        a = _rms_apply(a, rinv, nw_ptr, rk, k_ok, dt, EMULATE_RNE)
                 w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                             other=0.0)
                 acc = _mma(acc, a, w, USE_DOT, IEEE)
@@ -262,6 +265,7 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
         m, n, k, float(eps), p["chunk"],
         PROLOGUE=code, RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=p["USE_DOT"],
         IEEE=x.dtype == torch.float32 or interpreting(), EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
-        ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2, BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"],
+        ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2,
+        BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"],
         num_warps=p["num_warps"], num_stages=p["num_stages"])
     return y.view(*lead, n)
