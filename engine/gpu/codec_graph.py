@@ -19,6 +19,7 @@ import weakref
 import torch
 
 from ..codec.decoder import CodecDecoder, DecodeState
+from .capture import capture as capture_graph
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +96,9 @@ class CodecGraphs:
         codes = torch.zeros(batch, self.decoder.cfg.num_quantizers, frames, dtype=torch.long,
                             device=state.frames.device)
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # library set-up (cuDNN, cuBLAS) happens here, not in the capture
-                for _ in range(2):
-                    self.decoder(codes, state, check=False)
-            torch.cuda.current_stream().wait_stream(side)
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                wav = self.decoder(codes, state, check=False)
+            graph, wav = capture_graph(lambda: self.decoder(codes, state, check=False), self.pool)
         except Exception as exc:  # noqa: BLE001  any failure: say so once, then decode eagerly
             self.failure = f"{type(exc).__name__}: {exc}"
             log.warning("codec CUDA graph capture failed (batch %d, %d-frame chunks: %s); decoding eagerly",

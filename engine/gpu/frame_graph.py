@@ -10,12 +10,14 @@ decode loop reads the finished flags once per chunk.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 from .. import sampling
 from ..decode import prefill, trailing_table
 from . import graph_sampling
+from .capture import capture
 from .fused_layers import FusedStack
 
 log = logging.getLogger(__name__)
@@ -182,7 +184,7 @@ class GraphedFrames:
             # The Triton decode attention wins on the predictor's 16-position window but loses to cuBLAS at
             # talker windows of 256+ (bench/results/kernel_bench_bf16.json), so the talker keeps torch's.
             talker_kernels = type(self.kernels)([n for n in self.kernels.active if n != "attention"])
-        self.fused = {"talker": FusedStack(talker.model, talker_kernels or None),
+        self.fused = {"talker": FusedStack(talker.model, talker_kernels),
                       "predictor": FusedStack(talker.code_predictor.model, self.kernels)}
         self.max_seq_len = max_seq_len
         self.trailing_rows = trailing_rows
@@ -240,25 +242,13 @@ class GraphedFrames:
     def _graph(self, window: int) -> torch.cuda.CUDAGraph | None:
         key = (self.s.batch, window)
         if key not in self.graphs:
-            import time
-
             t0 = time.perf_counter()
             s = self.s
-            saved = [x.clone() for x in s.small_state()]
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    frame_body(self.talker, self.fused, s, window)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                frame_body(self.talker, self.fused, s, window)
+            saved = s.snapshot()
+            self.graphs[key], _ = capture(lambda: frame_body(self.talker, self.fused, s, window), self.pool)
             if self.pool is None:
-                self.pool = graph.pool()
-            for dst, src in zip(s.small_state(), saved):  # warm-up steps must not advance the real state
-                dst.copy_(src)
-            self.graphs[key] = graph
+                self.pool = self.graphs[key].pool()
+            s.restore(saved)  # warm-up steps must not advance the real state
             self.capture_seconds += time.perf_counter() - t0
         return self.graphs[key]
 
