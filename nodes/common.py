@@ -76,6 +76,15 @@ def check_combo(name: str, value, options: list[str]) -> bool | str:
     return f"{name} {value!r} is not one of {options}"
 
 
+def check_generator(text, language, speaker=None) -> bool | str:
+    """validate_inputs of the generator nodes: the first failing check's message, else True."""
+    for check in (check_text(text), check_combo("language", language, LANGUAGES),
+                  check_combo("speaker", speaker, SPEAKERS)):
+        if check is not True:
+            return check
+    return True
+
+
 def require_type(node: str, ref, wanted: str) -> None:
     """Raise a clear error when a checkpoint of another type reaches a generator node."""
     if ref.model_type != wanted:

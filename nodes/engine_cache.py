@@ -13,7 +13,7 @@ import gc
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -43,11 +43,6 @@ class ModelRef:
     key: EngineKey
     name: str
     model_type: str  # base | custom_voice | voice_design
-    model_size: str
-    speakers: tuple = ()
-    languages: tuple = ()
-    info: str = ""
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 class _Standin(torch.nn.Module):
@@ -148,12 +143,6 @@ def release(key: EngineKey, reason: str = "", collect: bool = True) -> bool:
             gc.collect()
         mm.soft_empty_cache()
     return True
-
-
-def release_all(reason: str = "") -> int:
-    with _lock:
-        keys = list(_entries)
-    return sum(release(k, reason) for k in keys)
 
 
 def loaded() -> list[dict]:

@@ -19,13 +19,6 @@ def _common_tail():
     return [common.language_input(), common.seed_input(), common.takes_input(), *common.advanced_inputs()]
 
 
-def _validate(text, language) -> bool | str:
-    for check in (common.check_text(text), common.check_combo("language", language, common.LANGUAGES)):
-        if check is not True:
-            return check
-    return True
-
-
 class VoiceClone(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -41,7 +34,7 @@ class VoiceClone(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, text, language) -> bool | str:
-        return _validate(text, language)
+        return common.check_generator(text, language)
 
     @classmethod
     def execute(cls, model, voice, text, language, seed, takes, **adv) -> io.NodeOutput:
@@ -69,13 +62,12 @@ class CustomVoice(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, text, language, speaker) -> bool | str:
-        ok = _validate(text, language)
-        return ok if ok is not True else common.check_combo("speaker", speaker, common.SPEAKERS)
+        return common.check_generator(text, language, speaker)
 
     @classmethod
     def execute(cls, model, text, speaker, language, seed, takes, instruct="", **adv) -> io.NodeOutput:
         common.require_type("CustomVoice", model, "custom_voice")  # the engine checks the speaker itself
-        return io.NodeOutput(Job("CustomVoice", model, "custom", text, language, speaker=speaker.lower(),
+        return io.NodeOutput(Job("CustomVoice", model, "custom", text, language, speaker=speaker,
                                  instruct=instruct, seed=seed, takes=takes, **adv).generate())
 
 
@@ -95,7 +87,7 @@ class VoiceDesign(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, text, language) -> bool | str:
-        return _validate(text, language)
+        return common.check_generator(text, language)
 
     @classmethod
     def execute(cls, model, text, instruct, language, seed, takes, **adv) -> io.NodeOutput:

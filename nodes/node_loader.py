@@ -1,7 +1,6 @@
 """LoadQwen3TTS: pick (or explicitly download) a checkpoint directory and load the engine."""
 from __future__ import annotations
 
-import json
 import os
 
 from comfy_api.latest import io
@@ -14,6 +13,7 @@ DTYPES = ["auto", "bf16", "fp16", "fp32"]
 SWITCH = ["auto", "on", "off"]
 NO_DOWNLOAD = "no (use checkpoint)"
 NONE_FOUND = "(no checkpoint found - see tooltip)"
+DOWNLOAD_OPTIONS = [NO_DOWNLOAD, *paths.OFFICIAL_REPOS]
 
 
 def _describe(engine, name: str) -> str:
@@ -55,7 +55,7 @@ class LoadQwen3TTS(io.ComfyNode):
                 io.Int.Input("max_takes", default=4, min=1, max=MAX_TAKES,
                              tooltip="Largest number of takes generated at once; reserves cache memory "
                                      "for that many parallel takes."),
-                io.Combo.Input("download", options=[NO_DOWNLOAD, *paths.OFFICIAL_REPOS], default=NO_DOWNLOAD,
+                io.Combo.Input("download", options=DOWNLOAD_OPTIONS, default=NO_DOWNLOAD,
                                optional=True,
                                tooltip="Only when set: fetch this official repo with huggingface_hub into "
                                        "models/qwen3_tts/<repo name> (if not already there) and load it "
@@ -71,7 +71,7 @@ class LoadQwen3TTS(io.ComfyNode):
     def validate_inputs(cls, checkpoint, dtype, cuda_graphs, triton, download=NO_DOWNLOAD) -> bool | str:
         for name, value, options in (("dtype", dtype, DTYPES), ("cuda_graphs", cuda_graphs, SWITCH),
                                      ("triton", triton, SWITCH),
-                                     ("download", download, [NO_DOWNLOAD, *paths.OFFICIAL_REPOS])):
+                                     ("download", download, DOWNLOAD_OPTIONS)):
             ok = check_combo(name, value, options)
             if ok is not True:
                 return ok
@@ -94,9 +94,5 @@ class LoadQwen3TTS(io.ComfyNode):
                                      dtype=dtype, cuda_graphs=cuda_graphs, triton=triton, max_takes=int(max_takes))
         engine = engine_cache.acquire(key)
         info = _describe(engine, name)
-        ref = engine_cache.ModelRef(key=key, name=name, model_type=engine.model_type,
-                                    model_size=str(engine.info.model_size), speakers=tuple(engine.speakers or ()),
-                                    languages=tuple(engine.languages or ()), info=info)
-        return io.NodeOutput(ref, info, ui={"text": [info], "qwen3tts_info": [json.dumps(
-            {"device": engine.info.device, "dtype": engine.info.dtype, "cuda_graphs": bool(engine.info.cuda_graphs),
-             "kernels": list(engine.info.kernels), "model_type": engine.model_type})]})
+        ref = engine_cache.ModelRef(key=key, name=name, model_type=engine.model_type)
+        return io.NodeOutput(ref, info, ui={"text": [info]})

@@ -9,8 +9,6 @@ from . import common
 from .runner import Job
 from .types import CATEGORY, EVENT, PREFIX, Qwen3TTSVoice
 
-MODE_OF_TYPE = common.MODE_OF_TYPE
-
 
 def _sender(node_id):
     """Send one event to the client that queued the prompt (no-op without a server, e.g. in tests)."""
@@ -60,16 +58,12 @@ class StreamChunks(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, text, language, speaker=None) -> bool | str:
-        for check in (common.check_text(text), common.check_combo("language", language, common.LANGUAGES),
-                      common.check_combo("speaker", speaker, common.SPEAKERS)):
-            if check is not True:
-                return check
-        return True
+        return common.check_generator(text, language, speaker)
 
     @classmethod
     def execute(cls, model, text, chunk_size, language, seed, speaker="Vivian", instruct="", voice=None,
                 **adv) -> io.NodeOutput:
-        mode = MODE_OF_TYPE.get(model.model_type)
+        mode = common.MODE_OF_TYPE.get(model.model_type)
         kwargs = {}
         if mode == "clone":
             if voice is None:
@@ -77,7 +71,7 @@ class StreamChunks(io.ComfyNode):
                                  "(ExtractSpeakerEmbedding or LoadVoice) to 'voice'.")
             kwargs["voice"] = voice
         elif mode == "custom":
-            kwargs.update(speaker=(speaker or "Vivian").lower(), instruct=instruct)
+            kwargs.update(speaker=speaker or "Vivian", instruct=instruct)
         elif mode == "design":
             kwargs["instruct"] = instruct
         else:

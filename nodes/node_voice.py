@@ -7,12 +7,8 @@ from comfy_api.latest import io
 
 from . import comfy_paths, common, engine_cache, paths
 from .audio_utils import batch_item
+from .runner import engine_errors
 from .types import CATEGORY, PREFIX, Qwen3TTSVoice
-
-
-def _engine_api():
-    from ..engine import Voice, errors
-    return Voice, errors
 
 
 def _check_name(name) -> bool | str:
@@ -46,13 +42,10 @@ class ExtractSpeakerEmbedding(io.ComfyNode):
     @classmethod
     def execute(cls, model, audio, batch_index, ref_text="") -> io.NodeOutput:
         common.require_type("ExtractSpeakerEmbedding", model, "base")
-        _, errors = _engine_api()
-        wav = batch_item(audio, int(batch_index)) if audio is not None else None
+        wav = batch_item(audio, int(batch_index))
         engine = engine_cache.acquire(model.key)
-        try:
-            voice = engine.extract_voice(wav, int(audio["sample_rate"]), ref_text=ref_text.strip() or None)
-        except errors.Qwen3TTSError as exc:
-            raise RuntimeError(f"ExtractSpeakerEmbedding: {exc}") from exc
+        with engine_errors("ExtractSpeakerEmbedding"):  # the engine strips ref_text; empty means x-vector only
+            voice = engine.extract_voice(wav, int(audio["sample_rate"]), ref_text=ref_text)
         return io.NodeOutput(voice)
 
 
@@ -80,9 +73,7 @@ class SaveVoice(io.ComfyNode):
     @classmethod
     def execute(cls, voice, name, overwrite) -> io.NodeOutput:
         fname = paths.check_voice_name(name)
-        folder = comfy_paths.voice_save_dir()
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, fname)
+        path = os.path.join(comfy_paths.voice_save_dir(), fname)  # Voice.save makes the folder
         if os.path.exists(path) and not overwrite:
             raise FileExistsError(f"SaveVoice: {path} exists; enable overwrite or choose another name")
         tmp = path + ".tmp"
@@ -123,12 +114,11 @@ class LoadVoice(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, voice_name, name_override=None) -> io.NodeOutput:
-        Voice, errors = _engine_api()
+        from ..engine import Voice
+
         path = comfy_paths.find_voice(name_override or voice_name)
         engine = engine_cache.acquire(model.key)
-        try:
+        with engine_errors(f"LoadVoice: {path}"):
             voice = Voice.load(path)
             engine.check_voice(voice)
-        except errors.Qwen3TTSError as exc:
-            raise RuntimeError(f"LoadVoice: {path}: {exc}") from exc
         return io.NodeOutput(voice)

@@ -4,8 +4,11 @@ Engine-facing only through docs/ENGINE_API.md: Request, SamplingParams.replace, 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable
+
+import torch
 
 import comfy.model_management as mm
 import comfy.utils
@@ -14,7 +17,7 @@ from . import engine_cache
 from .audio_utils import StreamJoiner, join_segments, make_audio
 from .progress import SegmentProgress
 from .sampling import sampling_changes
-from .text_split import segment_budget, split_text
+from .text_split import DEFAULT_MAX_UNITS, PROMPT_OVERHEAD, segment_budget, split_text
 
 
 def _engine_api():
@@ -22,9 +25,22 @@ def _engine_api():
     return Request, errors
 
 
+@contextlib.contextmanager
+def engine_errors(label: str):
+    """Map the engine's typed errors to what ComfyUI expects: its interrupt, or a RuntimeError naming the node."""
+    _, errors = _engine_api()
+    try:
+        yield
+    except errors.GenerationInterrupted:
+        mm.throw_exception_if_processing_interrupted()
+        raise mm.InterruptProcessingException()
+    except errors.Qwen3TTSError as exc:
+        raise RuntimeError(f"{label}: {exc}") from exc
+
+
 def _voice_overhead(voice) -> int:
     """Extra prompt positions an ICL voice occupies (reference codes + at most one per reference-text char)."""
-    if voice is None or getattr(voice, "ref_codes", None) is None:
+    if voice is None or not voice.is_icl:
         return 0
     return int(voice.ref_codes.shape[0]) + len(voice.ref_text or "")
 
@@ -33,20 +49,21 @@ class Job:
     """Everything a generator node asked for, resolved against the engine."""
 
     def __init__(self, node: str, ref, mode: str, text: str, language: str, speaker=None, instruct=None,
-                 voice=None, seed: int = 0, takes: int = 1, max_segment_chars: int = 400, **widgets):
-        self.node, self.ref = node, ref
-        self.engine = engine_cache.acquire(ref.key)
-        try:
-            self.params = self.engine.defaults.replace(**sampling_changes(**widgets))
+                 voice=None, seed: int = 0, takes: int = 1, max_segment_chars: int = DEFAULT_MAX_UNITS, **widgets):
+        self.node = node
+        try:  # every check that needs no weights runs before the engine is (re)loaded
+            changes = sampling_changes(**widgets)
         except ValueError as exc:
             raise ValueError(f"{node}: {exc}") from exc
         if takes > ref.key.max_takes:
             raise ValueError(f"{node}: takes={takes} but the model was loaded with max_takes="
                              f"{ref.key.max_takes}; raise max_takes on LoadQwen3TTS.")
-        budget = segment_budget(max_segment_chars, ref.key.max_seq_len, 64 + _voice_overhead(voice))
+        budget = segment_budget(max_segment_chars, ref.key.max_seq_len, PROMPT_OVERHEAD + _voice_overhead(voice))
         self.segments = split_text(text, budget)
         if not self.segments:
             raise ValueError(f"{node}: text is empty")
+        self.engine = engine_cache.acquire(ref.key)
+        self.params = self.engine.defaults.replace(**changes)
         self.mode, self.language, self.speaker, self.instruct, self.voice = mode, language, speaker, instruct, voice
         self.seed, self.takes = int(seed), int(takes)
         self.pbar = comfy.utils.ProgressBar(1)
@@ -58,24 +75,18 @@ class Job:
 
     def request(self, k: int):
         Request, _ = _engine_api()
-        return Request(mode=self.mode, text=self.segments[k], language=self.language.lower(),
-                       speaker=self.speaker, voice=self.voice,
-                       instruct=self.instruct if self.mode == "design" else (self.instruct or None))
+        # The engine normalises case, blanks and an empty instruct itself.
+        return Request(mode=self.mode, text=self.segments[k], language=self.language, speaker=self.speaker,
+                       voice=self.voice, instruct=self.instruct)
 
     def seed_for(self, k: int) -> int:
         return (self.seed + k) % (1 << 64)
 
     def call(self, fn: Callable):
         """Run one engine call; map interrupts and typed engine errors to what ComfyUI expects."""
-        _, errors = _engine_api()
         mm.throw_exception_if_processing_interrupted()
-        try:
+        with engine_errors(self.node):
             return fn()
-        except errors.GenerationInterrupted:
-            mm.throw_exception_if_processing_interrupted()
-            raise mm.InterruptProcessingException()
-        except errors.Qwen3TTSError as exc:
-            raise RuntimeError(f"{self.node}: {exc}") from exc
 
     def generate(self) -> dict:
         parts = []
@@ -90,8 +101,6 @@ class Job:
 
     def stream(self, chunk_frames: int, send: Callable[[dict], None]) -> dict:
         """Stream one take; `send` gets every piece as soon as it is ready. Returns the full AUDIO."""
-        import torch
-
         sr = self.engine.sample_rate
         joiner = StreamJoiner(len(self.segments), sr)
         pieces, sent, t0 = [], 0, time.perf_counter()

@@ -24,7 +24,6 @@ SWITCHES = {
     "do_sample": ("do_sample", "Talker: sample, or greedy (argmax) decoding."),
     "sub_do_sample": ("subtalker_dosample", "Code predictor: sample, or greedy decoding."),
 }
-WIDGET_IDS = tuple(SWITCHES) + tuple(NUMERIC)
 
 
 def sampling_changes(**widgets) -> dict:

@@ -12,6 +12,7 @@ import re
 CJK_WEIGHT = 3
 FRAMES_PER_UNIT = 1.2  # generous upper bound of codec frames (12.5/s) per unit of text
 DEFAULT_MAX_UNITS = 400  # about 30 s of English speech per segment
+PROMPT_OVERHEAD = 64  # prompt positions besides the text: chat template and control tokens
 
 _SENTENCE_END = re.compile(
     r"(?<=[.!?…])[\"'”’)\]]*\s+"  # Latin end punctuation (optionally closing quotes) + whitespace
@@ -32,7 +33,7 @@ def text_units(text: str) -> int:
     return sum(CJK_WEIGHT if _is_cjk(c) else 1 for c in text)
 
 
-def segment_budget(max_units: int, max_seq_len: int, prompt_overhead: int = 64) -> int:
+def segment_budget(max_units: int, max_seq_len: int, prompt_overhead: int = PROMPT_OVERHEAD) -> int:
     """Largest segment (in units) whose prompt and audio fit the static KV cache of `max_seq_len`.
 
     `prompt_overhead` covers the chat template, control tokens and any reference codes (ICL). The text

@@ -11,12 +11,13 @@ import json
 import sys
 from pathlib import Path
 
+from ui_to_api import is_widget  # this script runs from scripts/, beside ui_to_api.py
+
 OUT = Path(__file__).resolve().parents[1] / "example_workflows"
 P = "Qwen3TTSFast_"
 REF_TEXT = "The quick brown fox jumps over the lazy dog. Then it runs away."
 LINE = "Hello! This is Qwen3-TTS inside ComfyUI. Listen to every take, then keep the best one."
 LOADER = {"dtype": "auto", "cuda_graphs": "auto", "triton": "auto", "max_takes": 4}
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 SIZES = {P + "LoadQwen3TTS": [330, 230], P + "CustomVoice": [400, 420], P + "VoiceDesign": [400, 420],
          P + "VoiceClone": [400, 420], P + "StreamChunks": [400, 470], P + "PickTake": [420, 260],
          P + "ExtractSpeakerEmbedding": [360, 200], P + "SaveVoice": [320, 130], P + "LoadVoice": [320, 130],
@@ -115,11 +116,6 @@ WORKFLOWS = {
 }
 
 
-def _is_widget(spec) -> bool:
-    typ, opts = spec[0], (spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {})
-    return not opts.get("forceInput") and (isinstance(typ, list) or typ in WIDGET_TYPES)
-
-
 def _inputs(info):
     order = info.get("input_order") or {k: list(v) for k, v in info["input"].items()}
     for section in ("required", "optional"):
@@ -149,7 +145,7 @@ def build(spec: dict, object_info: dict) -> dict:
         info = object_info[typ]
         for name, ispec in _inputs(info):
             link = in_links.get((nid, name))
-            if _is_widget(ispec):
+            if is_widget(ispec):
                 value = n["widgets"].get(name, (ispec[1] if len(ispec) > 1 else {}).get("default"))
                 node["widgets_values"].append(value)
                 if (ispec[1] if len(ispec) > 1 else {}).get("control_after_generate"):

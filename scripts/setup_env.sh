@@ -28,6 +28,6 @@ if [ ! -f "$stamp" ]; then
   fi
   touch "$stamp"
 fi
-if [ "$full" = 1 ] && [ -f scripts/setup_comfyui.sh ]; then
+if [ "$full" = 1 ]; then
   bash scripts/setup_comfyui.sh "$VENV" .cache/comfyui
 fi

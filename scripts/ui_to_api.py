@@ -16,7 +16,7 @@ import sys
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 
 
-def _is_widget(spec) -> bool:
+def is_widget(spec) -> bool:
     typ, opts = spec[0], (spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {})
     if opts.get("forceInput") or opts.get("rawLink"):
         return False
@@ -36,7 +36,7 @@ def widget_names(info: dict) -> list[tuple[str, bool]]:
     for section in ("required", "optional"):
         for name in order.get(section, []):
             spec = inputs.get(section, {}).get(name)
-            if spec is not None and _is_widget(spec):
+            if spec is not None and is_widget(spec):
                 out.append((name, _has_control(spec)))
     return out
 
@@ -60,7 +60,8 @@ def convert(workflow: dict, object_info: dict) -> dict:
         inputs = {}
         values = node.get("widgets_values", [])
         if isinstance(values, dict):
-            inputs.update({k: v for k, v in values.items() if k in dict(widget_names(info))})
+            names = dict(widget_names(info))
+            inputs.update({k: v for k, v in values.items() if k in names})
         else:
             i = 0
             for name, control in widget_names(info):

@@ -17,16 +17,10 @@ function audioContext() {
   return ctx;
 }
 
-function decodePcm(b64, format) {
+function decodePcm(b64) {  // the node sends little-endian float32 ("f32le")
   const bin = atob(b64);
   const bytes = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-  if (format === "s16le") {
-    const s = new Int16Array(bytes.buffer);
-    const f = new Float32Array(s.length);
-    for (let i = 0; i < s.length; i++) f[i] = s[i] / 32768;
-    return f;
-  }
   return new Float32Array(bytes.buffer);
 }
 
@@ -65,7 +59,7 @@ function onEvent(d) {
     const s = state[id];
     if (!s) return;
     const c = audioContext();
-    const pcm = decodePcm(d.pcm, d.format);
+    const pcm = decodePcm(d.pcm);
     const buf = c.createBuffer(1, pcm.length, s.sampleRate);
     buf.copyToChannel(pcm, 0);
     const src = c.createBufferSource();
