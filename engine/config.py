@@ -161,7 +161,6 @@ class ModelConfig:
     tts_eos_token_id: int
     talker: TalkerConfig
     speaker_encoder: SpeakerEncoderConfig | None  # built only for Base checkpoints
-    raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @property
     def instruct_ignored(self) -> bool:
@@ -203,7 +202,6 @@ class ModelConfig:
             tts_eos_token_id=int(require(d, "tts_eos_token_id", where)),
             talker=talker,
             speaker_encoder=spk,
-            raw=d,
         )
 
     @classmethod

@@ -52,9 +52,7 @@ def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype) -
     codec_cfg = CodecConfig.from_dir(model_dir)
     codec_weights = model_dir / "speech_tokenizer" / "model.safetensors"
     decoder = materialize(lambda: CodecDecoder(codec_cfg.decoder), device, dtype, codec_weights, "decoder.")
-    with torch.device("meta"):
-        codec = SpeechTokenizer(codec_cfg)
-    codec.decoder = decoder
+    codec = SpeechTokenizer(codec_cfg, decoder=decoder)
     if cfg.tts_model_type == "base":  # reference codes are only needed for ICL cloning
         from ..codec.encoder import MimiEncoder
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -142,29 +141,19 @@ def state_entries(module: nn.Module, prefix: str = "") -> list[tuple[str, str, t
     return out
 
 
-def iter_init(module: nn.Module, seed: int, *, prefix: str = "",
-              scale_final_codec_conv: bool = True) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
-    """Yield (full name, fresh float32 CPU tensor, the module's own tensor) per state-dict entry.
-
-    Works on a meta-device module: only names, shapes and module types are read.
-    """
-    entries = state_entries(module, prefix)
-    final = final_codec_conv(e[0] for e in entries) if scale_final_codec_conv else None
-    for full, _local, t, owner in entries:
-        yield full, init_tensor(full, tuple(t.shape), owner, seed, final_conv=(full == final)), t
-
-
 @torch.no_grad()
-def init_module(module: nn.Module, seed: int, *, prefix: str = "", scale_final_codec_conv: bool = True) -> nn.Module:
+def init_module(module: nn.Module, seed: int, *, prefix: str = "") -> nn.Module:
     """Fill every parameter and persistent buffer of a materialised module in place; return the module.
 
     `prefix` is prepended to the module's own state-dict names to form the checkpoint names that seed
     the generators (e.g. "talker." for the talker), so a submodule gets the values it has in a checkpoint.
     Non-persistent buffers (RoPE tables, conv geometry) are left alone.
     """
-    for full, value, t in iter_init(module, seed, prefix=prefix, scale_final_codec_conv=scale_final_codec_conv):
+    entries = state_entries(module, prefix)
+    final = final_codec_conv(e[0] for e in entries)
+    for full, _local, t, owner in entries:
         if t.is_meta:
             raise ValueError(f"init_module needs a materialised module ('{full}' is on meta); "
-                             "use module.to_empty(device='cpu') first, or iter_init for streaming")
-        t.copy_(value)
+                             "use module.to_empty(device='cpu') first")
+        t.copy_(init_tensor(full, tuple(t.shape), owner, seed, final_conv=(full == final)))
     return module

@@ -73,14 +73,13 @@ def _owner(module: nn.Module, local: str) -> tuple[nn.Module, str]:
 
 @torch.no_grad()
 def load_state_dict_into(module: nn.Module, safetensors_path: str | Path, prefix: str = "",
-                         dtype: torch.dtype | None = None, device: str | torch.device | None = None, *,
-                         strict: bool = True) -> nn.Module:
+                         dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> nn.Module:
     """Load the `prefix`-keyed tensors of a safetensors file into `module` (its names without the prefix).
 
     Floating tensors are cast to `dtype` (None keeps the file's dtype); integer tensors keep theirs. Each
     tensor replaces the module's own (which may be on the meta device) on `device`. Raises CheckpointError
     naming the file and the key for a missing key, a shape mismatch (expected vs found), an unexpected key
-    under `prefix` (when strict) or a damaged file.
+    under `prefix` or a damaged file.
     """
     path = Path(safetensors_path)
     target = module.state_dict(keep_vars=True)
@@ -114,13 +113,12 @@ def load_state_dict_into(module: nn.Module, safetensors_path: str | Path, prefix
                 else:
                     owner._buffers[attr] = t
                 del t
-            if strict:
-                extra = sorted(k for k in keys if k.startswith(prefix) and k[len(prefix):] not in target)
-                if extra:
-                    raise CheckpointError(
-                        f"{path} has unexpected tensor '{extra[0]}'"
-                        + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
-                        + f" under '{prefix}'; the file belongs to a different model version or type.")
+            extra = sorted(k for k in keys if k.startswith(prefix) and k[len(prefix):] not in target)
+            if extra:
+                raise CheckpointError(
+                    f"{path} has unexpected tensor '{extra[0]}'"
+                    + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+                    + f" under '{prefix}'; the file belongs to a different model version or type.")
     except CheckpointError:
         raise
     except _damage_errors() as exc:  # data errors can surface lazily from the memory map

@@ -126,7 +126,8 @@ def build_bpe(size: int = BPE_SIZE) -> tuple[list[str], list[tuple[str, str]]]:
         if len(tokens) >= size:
             break
     if len(tokens) < size:
-        # Not expected with the word list above; pad with runs of spaces (reachable, harmless).
+        # The word list yields fewer tokens than `size` (909 of the default 960), so runs of spaces fill
+        # the rest; deterministic, and every such token is reachable.
         run = space
         while len(tokens) < size:
             pair = (run, space)

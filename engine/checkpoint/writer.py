@@ -14,6 +14,7 @@ never a whole state dict. The same arguments always give byte-identical files.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections import deque
@@ -91,14 +92,7 @@ def _planned(parts: list[tuple[str, nn.Module]], seed: int, dtype: torch.dtype, 
     if len(set(names)) != len(names):
         raise ValueError("two modules produced the same state-dict name; check the builder's prefixes")
     # Largest first (then by name): the big embeddings start at once and the rest is made alongside.
-    return sorted(plan, key=lambda p: (-_numel(p[2]), p[0]))
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+    return sorted(plan, key=lambda p: (-math.prod(p[2]), p[0]))
 
 
 def write_safetensors_streaming(path: Path, plan: Iterable[tuple], metadata: dict[str, str] | None = None) -> None:
@@ -107,9 +101,7 @@ def write_safetensors_streaming(path: Path, plan: Iterable[tuple], metadata: dic
     header: dict = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
     for name, dtype, shape, _make in plan:
-        nbytes = torch.empty((), dtype=dtype).element_size()
-        for s in shape:
-            nbytes *= s
+        nbytes = torch.empty((), dtype=dtype).element_size() * math.prod(shape)
         header[name] = {"dtype": _ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -128,7 +120,7 @@ def write_safetensors_streaming(path: Path, plan: Iterable[tuple], metadata: dic
             nxt, queued = 0, 0
             for name, dtype, shape, _make in plan:
                 while nxt < len(plan) and (not queue or (len(queue) < 4 * workers and queued < AHEAD_BYTES)):
-                    size = _numel(plan[nxt][2]) * 4
+                    size = math.prod(plan[nxt][2]) * 4
                     queue.append((pool.submit(plan[nxt][3]), size))
                     queued += size
                     nxt += 1

@@ -94,7 +94,6 @@ class CodecConfig:
     encoder_valid_num_quantizers: int
     decoder: DecoderConfig
     encoder: dict = field(default_factory=dict, compare=False)  # raw encoder_config (MimiConfig layout)
-    raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "speech_tokenizer/config.json") -> CodecConfig:
@@ -107,7 +106,6 @@ class CodecConfig:
             encoder_valid_num_quantizers=int(require(d, "encoder_valid_num_quantizers", where)),
             decoder=dec,
             encoder=dict(d.get("encoder_config") or {}),
-            raw=d,
         )
         if dec.samples_per_frame != cfg.decode_upsample_rate:
             raise CheckpointError(

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidInputError
+from ..model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
 from .config import DecoderConfig
 
 
@@ -184,18 +185,6 @@ class WaveBlock(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 # Sliding-window transformer
 # ----------------------------------------------------------------------------------------------------
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
 class LayerScale(nn.Module):
     def __init__(self, dim: int, init: float):
         super().__init__()
@@ -203,12 +192,6 @@ class LayerScale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.scale * x
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + turned * sin
 
 
 class SlidingAttention(nn.Module):
@@ -230,7 +213,7 @@ class SlidingAttention(nn.Module):
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if state is not None:  # fixed-size past: the last window - 1 keys (zeros before frame 0, masked)
             past = state.kv.get(self)
             if past is None:
@@ -247,22 +230,11 @@ class SlidingAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 
-class GatedMLP(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class TransformerLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.self_attn = SlidingAttention(cfg)
-        self.mlp = GatedMLP(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
@@ -282,16 +254,8 @@ class SlidingTransformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
         self.cfg = cfg
-        self.register_buffer("inv_freq", self._frequencies(), persistent=False)
-
-    def _frequencies(self) -> torch.Tensor:
-        exponents = torch.arange(0, self.cfg.head_dim, 2, dtype=torch.int64).float() / self.cfg.head_dim
-        return 1.0 / (self.cfg.rope_theta ** exponents)
-
-    def reset_buffers(self, device) -> None:
-        """Recompute the non-persistent RoPE frequencies (not stored in checkpoints, e.g. after meta init)."""
-        self.inv_freq = self._frequencies().to(device)
 
     def mask(self, n: int, device, first: torch.Tensor | None) -> torch.Tensor:
         """Bool [n, keys]: query i sees key j iff 0 <= i - j < window (relative to the chunk).
@@ -313,12 +277,10 @@ class SlidingTransformer(nn.Module):
         h = self.input_proj(x)
         n = h.shape[1]
         first = state.position(h.device) if state is not None else None
-        pos = torch.arange(n, device=h.device, dtype=torch.float32)
+        pos = torch.arange(n, device=h.device)
         if first is not None:
-            pos = pos + first.float()  # integers < 2^24: exact, the same angles as one pass
-        angles = pos[:, None] * self.inv_freq.float()[None, :]
-        angles = torch.cat([angles, angles], dim=-1)
-        cos, sin = angles.cos().to(h.dtype), angles.sin().to(h.dtype)
+            pos = pos + first  # integers < 2^24 become exact fp32 angles: the same as one pass
+        cos, sin = self.rotary(pos, h.dtype)
         mask = self.mask(n, h.device, first)
         for layer in self.layers:
             h = layer(h, cos, sin, mask, state)
@@ -337,8 +299,8 @@ class Codebook(nn.Module):
         self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
 
     def lookup(self, codes: torch.Tensor) -> torch.Tensor:
-        table = self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
-        return F.embedding(codes, table)
+        # Look up, then divide: the same one division per element as dividing the whole table first.
+        return F.embedding(codes, self.embedding_sum) / self.cluster_usage.clamp(min=1e-5)[codes][..., None]
 
 
 class _CodebookSlot(nn.Module):
@@ -427,7 +389,7 @@ class CodecDecoder(nn.Module):
                 f"codec decoder expects codes of shape [batch, {q}, frames] with batch, frames >= 1; "
                 f"got {list(codes.shape)}."
             )
-        lo, hi = int(codes.min()), int(codes.max())
+        lo, hi = torch.stack(torch.aminmax(codes)).tolist()  # one reduction, one host sync
         if lo < 0 or hi >= size:
             raise InvalidInputError(
                 f"codec codes must lie in 0..{size - 1}; got values from {lo} to {hi}. Pad frames (-1) and "

@@ -31,6 +31,7 @@ from torch.nn import functional as F
 
 from ..config import require
 from ..errors import CheckpointError, InvalidInputError
+from ..model.layers import apply_rope
 
 WHERE = "speech_tokenizer/config.json → encoder_config"
 
@@ -211,11 +212,6 @@ class _SeanetEncoder(nn.Module):
 # Transformer (pre-norm LayerNorm, RoPE, causal attention, GELU MLP, layer scales)
 # ----------------------------------------------------------------------------------------------------------
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
 class _Attention(nn.Module):
     def __init__(self, cfg: MimiEncoderConfig):
         super().__init__()
@@ -231,8 +227,7 @@ class _Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k = k.repeat_interleave(rep, dim=1)
@@ -368,7 +363,7 @@ class _SplitResidualVQ(nn.Module):
 class MimiEncoder(nn.Module):
     def __init__(self, encoder_config: dict, valid_num_quantizers: int = 16):
         super().__init__()
-        cfg = encoder_config if isinstance(encoder_config, MimiEncoderConfig) else MimiEncoderConfig.from_dict(encoder_config)
+        cfg = MimiEncoderConfig.from_dict(encoder_config)
         if not cfg.num_semantic_quantizers <= valid_num_quantizers <= cfg.num_quantizers:
             raise CheckpointError(
                 f"encoder_valid_num_quantizers {valid_num_quantizers} must lie between num_semantic_quantizers "
@@ -384,10 +379,6 @@ class MimiEncoder(nn.Module):
     @property
     def samples_per_frame(self) -> int:
         return self.cfg.samples_per_frame
-
-    @property
-    def sample_rate(self) -> int:
-        return self.cfg.sampling_rate
 
     def num_frames(self, num_samples: int) -> int:
         """Frames returned for num_samples samples of 24 kHz audio: ceil(num_samples / 1920)."""

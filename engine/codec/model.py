@@ -20,19 +20,15 @@ ONE_PASS_FRAMES = 300
 
 
 class SpeechTokenizer(nn.Module):
-    def __init__(self, cfg: CodecConfig, encoder: nn.Module | None = None):
+    def __init__(self, cfg: CodecConfig, encoder: nn.Module | None = None, decoder: CodecDecoder | None = None):
         super().__init__()
         self.cfg = cfg
-        self.decoder = CodecDecoder(cfg.decoder)
+        self.decoder = decoder if decoder is not None else CodecDecoder(cfg.decoder)  # a loaded one, or fresh
         self.encoder = encoder
 
     @property
     def samples_per_frame(self) -> int:
         return self.decoder.samples_per_frame
-
-    @property
-    def sample_rate(self) -> int:
-        return self.cfg.output_sample_rate
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor, max_frames_per_pass: int = ONE_PASS_FRAMES) -> torch.Tensor:

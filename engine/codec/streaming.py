@@ -19,14 +19,14 @@ from torch import nn
 from ..errors import InvalidInputError
 from .decoder import CodecDecoder, DecodeState
 
-# Left context for windowed re-decode, in frames: the theoretical receptive field, 8 layers x 71 frames
-# of sliding-window attention + 11.4 frames of causal convs = 579.4 -> 580. Measured by
+# Why streaming carries state instead of re-decoding a window: the left context a window would need is the
+# theoretical receptive field, 8 layers x 71 frames of sliding-window attention + 11.4 frames of causal
+# convs = 579.4 -> 580 frames. Measured by
 # bench/codec_receptive_field.py (bench/results/codec_receptive_field.json, CPU fp32, random weights by
 # the OFFLINE_TESTING.md §4.1 rules): on the real-size decoder a frame-0 perturbation still moves the
 # transformer output 517 frames later (> 1e-7) and the waveform at the end of a 204-frame test (> 1e-5);
 # windows with 80 / 144 / 160 frames of context miss one-pass output by 4.8e-4 / 1.3e-4 / 1.3e-4 (tiny
 # config: RF 149 frames = its 2 x 71 + 11 bound). No shorter context is exact, hence the stateful default.
-CONTEXT_FRAMES = 580
 
 
 def _as_decoder(obj) -> CodecDecoder:
@@ -63,7 +63,6 @@ class StreamingDecoder:
 
     def reset(self) -> None:
         """Forget everything pushed so far; the next push starts a new utterance."""
-        self.frames = 0
         self._state.zero_()  # in place: graphs captured on these buffers stay valid
         self._history: torch.Tensor | None = None  # windowed mode: the last context_frames frames [B, Q, n]
 
@@ -81,7 +80,6 @@ class StreamingDecoder:
             return torch.zeros(self.batch, 0, device=p.device, dtype=p.dtype)
         codes = codes.transpose(1, 2)
         self.decoder.check_codes(codes)
-        self.frames += k
         if self.context_frames is None:
             if self.graphs is not None:
                 return self.graphs.decode(codes, self._state, capture=k == self.chunk_frames)
