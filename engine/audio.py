@@ -241,9 +241,8 @@ def validate_reference(x, sr: int) -> None:
 
 
 def prepare_reference(x, sr: int, target_sr: int = 24000) -> torch.Tensor:
-    """Validate, mix to mono and resample to target_sr: the preparation upstream applies (no normalising)."""
+    """Mix to mono, validate and resample to target_sr: the preparation upstream applies (no normalising).
+    Validating the mono mix also rejects stereo whose channels cancel out."""
+    x = to_mono(x)
     validate_reference(x, sr)
-    if not isinstance(x, torch.Tensor):
-        x = torch.from_numpy(np.ascontiguousarray(x))
-    x = to_mono(x.to(torch.float32))
-    return resample(x, sr, target_sr).contiguous()
+    return resample(torch.as_tensor(x, dtype=torch.float32), int(sr), target_sr).contiguous()

@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-MODE_FOR_TYPE = {"custom_voice": "custom", "voice_design": "design", "base": "clone"}
-TYPE_FOR_MODE = {v: k for k, v in MODE_FOR_TYPE.items()}
 
 
 def _cache_dir() -> Path:
@@ -19,11 +17,10 @@ def _cache_dir() -> Path:
 
 def tiny_checkpoint(model_type: str) -> Path:
     """A tiny random-weight checkpoint (built once, then reused). Its output is noise, not speech."""
-    from .checkpoint.writer import write_random_checkpoint
+    from .checkpoint.writer import ensure_random_checkpoint
 
     path = _cache_dir() / f"random-tiny-{model_type}"
-    if not (path / "RANDOM_WEIGHTS.json").is_file():
-        write_random_checkpoint(path, "tiny", model_type)
+    ensure_random_checkpoint(path, "tiny", model_type)
     return path
 
 
@@ -55,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _reference(args, engine):
+def _reference(args):
     """The reference audio for clone mode: the user's file, or a labelled synthetic one on random weights."""
     import numpy as np
 
@@ -75,10 +72,10 @@ def synth(args) -> dict:
 
     from . import audio
     from .engine import Engine
-    from .prompt import Request
+    from .prompt import MODE_OF_MODEL, Request
 
     random_weights = args.model is None
-    model_type = TYPE_FOR_MODE[args.mode or "custom"]
+    model_type = {m: t for t, m in MODE_OF_MODEL.items()}[args.mode or "custom"]
     model_dir = tiny_checkpoint(model_type) if random_weights else args.model
     if random_weights:
         print(f"note: no --model given; using a tiny RANDOM-weight {model_type} checkpoint at {model_dir}. "
@@ -87,7 +84,7 @@ def synth(args) -> dict:
     engine = Engine.load(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                          triton=args.triton, max_takes=max(16, args.takes))
     load_s = time.perf_counter() - t_load
-    mode = args.mode or MODE_FOR_TYPE[engine.model_type]
+    mode = args.mode or MODE_OF_MODEL[engine.model_type]
     params = engine.defaults
     if args.greedy:
         params = params.greedy()
@@ -96,7 +93,7 @@ def synth(args) -> dict:
         params = params.replace(max_new_tokens=max_new, min_new_tokens=min(params.min_new_tokens, max_new))
     voice = None
     if mode == "clone":
-        wav, sr = _reference(args, engine)
+        wav, sr = _reference(args)
         ref_text = None if args.xvec_only else (args.ref_text or ("This is the reference." if random_weights else None))
         voice = engine.extract_voice(wav, sr, ref_text=ref_text)
     speaker = args.speaker or (engine.speakers[0] if mode == "custom" and engine.speakers else None)
@@ -106,7 +103,7 @@ def synth(args) -> dict:
     t0 = time.perf_counter()
     ttfa = None
     if args.stream:
-        pieces, codes = [], []
+        pieces = []
         for chunk in engine.stream(req, takes=args.takes, seed=args.seed, params=params, chunk_frames=args.chunk_size):
             if ttfa is None:
                 ttfa = chunk.elapsed_s

@@ -16,7 +16,6 @@ MODEL_TYPES = ("base", "custom_voice", "voice_design")
 FAMILY = "qwen3-tts-12hz"
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 1920
-FRAME_RATE = SAMPLE_RATE / SAMPLES_PER_FRAME  # 12.5 frames per second
 
 
 _LAYOUT_HINT = ("A Qwen3-TTS-12Hz checkpoint directory holds config.json, generation_config.json, "

@@ -47,9 +47,10 @@ def prefill(talker, prompt: Prompt, batch: int, cache) -> torch.Tensor:
     return hidden.expand(batch, -1).contiguous()
 
 
-def trailing_table(prompt: Prompt) -> torch.Tensor:
-    """Trailing text rows followed by one pad row: row min(t, T) is the text added at step t."""
-    return torch.cat([prompt.trailing, prompt.pad_embed[None]], 0)
+def trailing_table(prompt: Prompt, max_frames: int) -> torch.Tensor:
+    """Trailing text rows followed by one pad row: row min(t, T) is the text added at step t. Steps t <
+    max_frames read at most rows 0..max_frames, so text beyond that is left out (every runner can hold it)."""
+    return torch.cat([prompt.trailing[:max_frames], prompt.pad_embed[None]], 0)
 
 
 class EagerFrames:
@@ -65,11 +66,11 @@ class EagerFrames:
               eos_id: int, take_offset: int = 0) -> None:
         t = self.talker
         device = prompt.prefill.device
-        self.params, self.eos_id, self.takes = params, eos_id, takes
+        self.params, self.eos_id = params, eos_id
         self.position = prompt.prefill.shape[1]
         self.cache = t.new_cache(takes, self.position + max_frames)
         self.hidden = prefill(t, prompt, takes, self.cache)
-        self.trailing = trailing_table(prompt)
+        self.trailing = trailing_table(prompt, max_frames)
         self.keys = sampling.take_keys(seed, range(take_offset, take_offset + takes), device)
         vocab = t.codec_head.weight.shape[0]
         self.banned = sampling.control_mask(vocab, eos_id, device)

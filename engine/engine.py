@@ -17,7 +17,7 @@ from .errors import (
     PromptTooLongError,
     UnsupportedConfigError,
 )
-from .prompt import Prompt, PromptBuilder, Request
+from .prompt import MODE_OF_MODEL, Prompt, PromptBuilder, Request
 from .sampling import SamplingParams
 from .voice import Voice
 
@@ -85,9 +85,9 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 class Engine:
     """Load once, then generate(), stream() and extract_voice() as often as needed."""
 
-    def __init__(self, *, model_dir, cfg, defaults, tokenizer, talker, speaker_encoder, codec, device, dtype,
+    def __init__(self, *, cfg, defaults, tokenizer, talker, speaker_encoder, codec, device, dtype,
                  info, max_takes, max_seq_len):
-        self.model_dir, self.cfg, self.tokenizer = Path(model_dir), cfg, tokenizer
+        self.cfg = cfg
         self.talker, self.speaker_encoder, self.codec = talker, speaker_encoder, codec
         self.device, self.dtype, self.info = device, dtype, info
         self.max_takes, self.max_seq_len = max_takes, max_seq_len
@@ -124,7 +124,7 @@ class Engine:
         cfg: ModelConfig = parts["config"]
         info = EngineInfo(model_dir=str(model_dir), model_type=cfg.tts_model_type, model_size=cfg.tts_model_size,
                           device=str(dev), dtype=str(dt).replace("torch.", ""), notes=notes)
-        engine = cls(model_dir=model_dir, cfg=cfg, defaults=parts["defaults"], tokenizer=parts["tokenizer"],
+        engine = cls(cfg=cfg, defaults=parts["defaults"], tokenizer=parts["tokenizer"],
                      talker=parts["talker"], speaker_encoder=parts["speaker_encoder"], codec=parts["codec"],
                      device=dev, dtype=dt, info=info, max_takes=max_takes, max_seq_len=max_seq_len)
         if dev.type == "cuda" and cuda_graphs != "off":
@@ -143,14 +143,13 @@ class Engine:
         """Switch to whole-frame CUDA graphs (and streaming codec graphs), proving capture works on a short
         warm-up request."""
         from .gpu.codec_graph import WARM_CHUNKS, CodecGraphs
-        from .gpu.frame_graph import GraphedFrames, batch_bucket
+        from .gpu.frame_graph import GraphedFrames
 
         graphed = GraphedFrames(self.talker, self.max_seq_len, kernels=kernels)
         codec = CodecGraphs(self.codec.decoder)
         eager = self.runner
         self.runner, self.codec_graphs = graphed, codec
         try:
-            batch_bucket(self.max_takes)
             self._warmup()
         except Exception as exc:  # capture failed: say so once and keep running eagerly
             self.runner, self.codec_graphs = eager, None
@@ -158,7 +157,8 @@ class Engine:
             codec.release()
             if forced:
                 raise UnsupportedConfigError(f"CUDA graph capture failed ({type(exc).__name__}: {exc}).") from exc
-            msg = f"CUDA graphs: capture failed ({type(exc).__name__}: {exc}); running eagerly"
+            without = " without the Triton kernels" if kernels else ""  # EagerFrames runs torch ops only
+            msg = f"CUDA graphs: capture failed ({type(exc).__name__}: {exc}); running eagerly{without}"
             log.warning(msg)
             self.info.notes.append(msg)
             return
@@ -176,14 +176,16 @@ class Engine:
                                f"{codec.capture_seconds:.2f} s; other sizes are captured on first use)")
 
     def _warmup(self) -> None:
-        mode = {"custom_voice": "custom", "voice_design": "design", "base": "clone"}[self.cfg.tts_model_type]
+        mode = MODE_OF_MODEL[self.cfg.tts_model_type]
         if mode == "clone":
             voice = Voice(spk_embedding=torch.zeros(self.cfg.embedding_width, dtype=self.dtype),
                           model_size=self.cfg.tts_model_size)
             req = Request(mode=mode, text="Warm up.", voice=voice)
         else:
             req = Request(mode=mode, text="Warm up.", speaker=(self.speakers or [None])[0], instruct="")
-        prompt, params, max_frames = self._prepare(req, 1, self.defaults.replace(max_new_tokens=2))
+        # A checkpoint's min_new_tokens may exceed the 2 warm-up frames; validation must not fail the capture.
+        warm = self.defaults.replace(max_new_tokens=2, min_new_tokens=min(self.defaults.min_new_tokens, 2))
+        prompt, params, max_frames = self._prepare(req, 1, warm)
         for _ in self._frames(prompt, 1, 0, params, max_frames, 0, 0, None, None):
             pass
         if self.codec_graphs is not None:  # so the first streamed chunk does not pay the capture
@@ -311,9 +313,7 @@ class Engine:
                 f"this is a {self.cfg.tts_model_type} checkpoint; only Base checkpoints can extract voices. "
                 "Load a Qwen3-TTS-12Hz Base model for voice cloning."
             )
-        wav = audio.to_mono(waveform)
-        audio.validate_reference(wav, sample_rate)
-        wav24 = audio.resample(torch.as_tensor(wav, dtype=torch.float32), int(sample_rate), SAMPLE_RATE)
+        wav24 = audio.prepare_reference(waveform, sample_rate, SAMPLE_RATE)
         emb = self.speaker_encoder.embed(wav24)
         codes = None
         text = None
@@ -337,8 +337,6 @@ class Engine:
         if self.codec_graphs is not None:
             self.codec_graphs.release()
             self.codec_graphs = None
-        from .decode import EagerFrames
-
         self.runner = EagerFrames(self.talker)
         self.info.cuda_graphs = False
         for m in (self.talker, self.speaker_encoder, self.codec):

@@ -119,9 +119,10 @@ def unit_interval(x: torch.Tensor) -> torch.Tensor:
 # Logits processing and choice
 
 
-def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """HF repetition penalty: for ids already generated, l -> l / p if l > 0 else l * p."""
-    if penalty == 1.0:
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty) -> torch.Tensor:
+    """HF repetition penalty: for ids already generated, l -> l / p if l > 0 else l * p. `penalty` is a float,
+    or a 0-d tensor in the captured graphs (applied always: dividing or multiplying by 1.0 is exact)."""
+    if isinstance(penalty, float) and penalty == 1.0:
         return logits
     hit = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(seen, hit, logits)

@@ -34,10 +34,6 @@ class Voice:
     def is_icl(self) -> bool:
         return self.ref_codes is not None
 
-    def describe(self) -> str:
-        kind = f"ICL, {self.ref_codes.shape[0]} reference frames" if self.is_icl else "x-vector only"
-        return f"{self.family} {self.model_size} voice, width {self.width}, {self.spk_embedding.dtype}, {kind}"
-
     def check_compatible(self, cfg: ModelConfig) -> None:
         """Raise VoiceError unless this voice can drive the given model."""
         if self.family != FAMILY:
@@ -80,6 +76,7 @@ class Voice:
                     raise VoiceError(f"{path.name} has no speaker embedding; the file is damaged, extract the voice again.")
                 emb = f.get_tensor("spk_embedding")
                 codes = f.get_tensor("ref_codes").to(torch.long) if "ref_codes" in names else None
+                ref_text = json.loads(meta["ref_text"]) if "ref_text" in meta else None
         except VoiceError:
             raise
         except (SafetensorError, OSError, ValueError, json.JSONDecodeError) as exc:
@@ -88,6 +85,5 @@ class Voice:
             raise VoiceError(f"{path.name}: embedding shape {tuple(emb.shape)} does not match its metadata; extract the voice again.")
         if codes is not None and (codes.dim() != 2 or codes.shape[1] != 16):
             raise VoiceError(f"{path.name}: reference codes have shape {tuple(codes.shape)}, expected [frames, 16].")
-        ref_text = json.loads(meta["ref_text"]) if "ref_text" in meta else None
         return cls(spk_embedding=emb, model_size=meta.get("model_size", ""), family=meta.get("family", ""),
                    ref_codes=codes, ref_text=ref_text)

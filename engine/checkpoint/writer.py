@@ -204,3 +204,12 @@ def write_random_checkpoint(out_dir: str | Path, size: str, model_type: str, *, 
         "eos_enabled": bool(eos), "eos_scale": float(eos_scale) if eos else 0.0, "dtype": str(main_dtype).replace("torch.", ""), "codec_dtype": "float32",
     })
     return out
+
+
+def ensure_random_checkpoint(out_dir: str | Path, size: str, model_type: str) -> bool:
+    """Write a default random checkpoint to `out_dir` unless a complete one is there (the manifest is written
+    last, so it marks a finished directory). Returns True when it wrote one."""
+    if (Path(out_dir) / MANIFEST).is_file():
+        return False
+    write_random_checkpoint(out_dir, size, model_type)
+    return True

@@ -26,10 +26,6 @@ class KVCache:
         return self.k[0].dtype if self.k else torch.float32
 
     @property
-    def device(self) -> torch.device:
-        return self.k[0].device if self.k else torch.device("cpu")
-
-    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 

@@ -74,9 +74,9 @@ class RotaryEmbedding(nn.Module):
         # Device moves apply, dtype casts do not: the angles must come from fp32 frequencies. The buffer
         # is rebuilt (on the CPU, then moved) rather than converted, which also serves a module that was
         # built on the meta device and then moved or `to_empty`-ed.
-        del self._buffers["inv_freq"]
+        old = self._buffers.pop("inv_freq")
         super()._apply(fn, recurse)
-        device = fn(torch.empty(0)).device
+        device = fn(torch.empty(0, device=old.device)).device  # a dtype-only cast keeps the buffer's device
         inv_freq = _inverse_frequencies(self.head_dim, self.theta).to(device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         return self
