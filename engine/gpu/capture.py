@@ -4,15 +4,15 @@ from __future__ import annotations
 import torch
 
 
-def capture(body, pool=None, warmups: int = 2):
-    """Run `body()` `warmups` times on a side stream (library set-up and lazy allocations happen there, not
+def capture(body, pool=None):
+    """Run `body()` twice on a side stream (library set-up and lazy allocations happen there, not
     in the capture), then capture one call into a new graph on `pool`. Returns (graph, what body returned).
 
     The warm-up calls really run: callers snapshot and restore whatever state they advance."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(warmups):
+        for _ in range(2):
             body()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()

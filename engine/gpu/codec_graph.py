@@ -37,11 +37,15 @@ class CodecGraphs:
         self._owners: dict[int, weakref.ref] = {}
         self.pool = None
         self.capture_seconds = 0.0
-        self.captures = 0  # successful captures; a replayed size never counts twice
         self.graphed_chunks = 0
         self.eager_chunks = 0
         self.private_streams = 0  # streams that found their batch's state busy and decoded eagerly
         self.failure: str | None = None  # first capture error; no capture is tried after one
+
+    @property
+    def captures(self) -> int:
+        """Successful captures: one per (batch, chunk size), a replayed size never counts twice."""
+        return len(self.graphs)
 
     def stats(self) -> dict:
         return {"captured": sorted(self.graphs), "captures": self.captures, "capture_s": self.capture_seconds,
@@ -107,7 +111,6 @@ class CodecGraphs:
         finally:
             state.restore(saved)  # the warm-up decodes must not advance the real state
         self.graphs[key] = (graph, codes, wav)
-        self.captures += 1
         self.capture_seconds += time.perf_counter() - t0
         return True
 

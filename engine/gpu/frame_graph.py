@@ -49,11 +49,10 @@ class FrameState:
         self.keys = torch.zeros(batch, dtype=torch.long, device=dev)
         self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=dev)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=dev)
-        self.frame = torch.zeros(batch, 16, dtype=torch.long, device=dev)
-        self.valid = torch.zeros(batch, dtype=torch.bool, device=dev)
+        groups = talker.cfg.num_code_groups  # codebooks per frame; predictor positions 0..groups-1
+        self.frame = torch.zeros(batch, groups, dtype=torch.long, device=dev)
         self.trailing = torch.zeros(trailing_rows, hidden, device=dev, dtype=dt)
         self.trailing_last = torch.zeros(1, dtype=torch.long, device=dev)
-        groups = talker.cfg.num_code_groups  # predictor positions 0..15, the same every frame
         self.pred_pos = [torch.tensor([j], device=dev) for j in range(groups)]
         self.pred_bias = [torch.where(torch.arange(groups, device=dev) <= j, 0.0, float("-inf")).to(dt)
                           for j in range(groups)]
@@ -69,13 +68,14 @@ class FrameState:
             "sub_top_k": torch.zeros((), dtype=torch.long, device=dev), "sub_top_p": torch.ones((), **f32),
         }
         self.first = {}  # bool [B, V], column 0 set: top-p always keeps the most likely id
-        for width in (vocab, talker.code_predictor.cfg.predictor.vocab_size):
+        self.sub_vocab = talker.code_predictor.cfg.predictor.vocab_size
+        for width in (vocab, self.sub_vocab):
             self.first[width] = torch.zeros(batch, width, dtype=torch.bool, device=dev)
             self.first[width][:, 0] = True
 
     def small_state(self) -> list:
         """What one frame advances (the caches are rewritten at the same positions by a replay)."""
-        return [self.hidden, self.pos, self.t, self.seen, self.finished, self.frame, self.valid]
+        return [self.hidden, self.pos, self.t, self.seen, self.finished, self.frame]
 
     def snapshot(self) -> list:
         return [x.clone() for x in self.small_state()]
@@ -93,13 +93,12 @@ class FrameState:
                             ("penalty", params.repetition_penalty), ("min_new", params.min_new_tokens),
                             ("sub_do_sample", params.subtalker_dosample),
                             ("sub_temperature", params.subtalker_temperature),
-                            ("sub_top_k", graph_sampling.kth_index(params.subtalker_top_k, 2048)),
+                            ("sub_top_k", graph_sampling.kth_index(params.subtalker_top_k, self.sub_vocab)),
                             ("sub_top_p", params.subtalker_top_p)):
             p[name].fill_(value)
         self.banned.copy_(sampling.control_mask(self.banned.shape[0], eos_id, self.banned.device))
         self.eos_mask.zero_()
         self.eos_mask[eos_id] = True
-        self.eos_id = eos_id
 
 
 def _projector(talker, ks):
@@ -135,36 +134,27 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
     pred = talker.code_predictor
     ks = fused["talker"].ks
     codec_logits = ks.linear(s.hidden, talker.codec_head.weight)
-    if "sample" in ks.active:  # one kernel: penalty, suppression, sampling and the bookkeeping
-        c0 = ks.sample(codec_logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
-                       keys=s.keys, step=s.t, slot=0, penalty=p["penalty"], seen=s.seen, banned=s.banned,
-                       eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"], finished=s.finished, update=True)
+    if "sample" in ks.active:  # the kernel draws its uniforms itself, from (key, step, slot)
+        def draws(j, width):
+            return {"keys": s.keys, "step": s.t, "slot": j}
+    else:  # the torch reference: every draw of this frame at once
+        u = sampling.frame_uniforms(s.keys, s.t, s.frame.shape[1], codec_logits.shape[-1])
 
-        def choose_residual(lg, j):
-            return ks.sample(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
-                             keys=s.keys, step=s.t, slot=j)
-    else:
-        logits = codec_logits.float()
-        hit = torch.where(logits > 0, logits / p["penalty"], logits * p["penalty"])
-        logits = torch.where(s.seen, hit, logits)
-        mask = s.banned | (s.eos_mask & (s.t < p["min_new"]))
-        logits = logits.masked_fill(mask, float("-inf"))
-        vocab = logits.shape[-1]
-        u = sampling.frame_uniforms(s.keys, s.t, 16, vocab)  # every draw of this frame at once
-        c0 = graph_sampling.choose(logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"], u[:, 0],
-                                   s.first[vocab])
-        s.seen.scatter_(1, c0[:, None], True)
-        s.finished |= c0 == s.eos_id
+        def draws(j, width):
+            return {"u": u[:, j, :width], "first": s.first[width]}
 
-        def choose_residual(lg, j):
-            width = lg.shape[-1]
-            return graph_sampling.choose(lg.float(), p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"],
-                                         p["sub_top_p"], u[:, j, :width], s.first[width])
+    # Codebook 0 in one op: penalty, suppression, sampling and the bookkeeping (seen, finished).
+    c0 = ks.sample(codec_logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
+                   **draws(0, codec_logits.shape[-1]), penalty=p["penalty"], seen=s.seen, banned=s.banned,
+                   eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"], finished=s.finished, update=True)
+
+    def choose_residual(lg, j):
+        return ks.sample(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
+                         **draws(j, lg.shape[-1]))
 
     c0_embed = talker.embed_codec(c0)
     rest = predict_residuals(talker, fused["predictor"], s, c0_embed, choose_residual)
     s.frame.copy_(torch.cat([c0[:, None], rest], 1))
-    s.valid.copy_(~s.finished)
     x = pred.residual_embedding_sum(rest, c0_embed)
     x = x + s.trailing.index_select(0, torch.minimum(s.t, s.trailing_last))
     bias = torch.where(torch.arange(window, device=x.device) <= s.pos, 0.0, float("-inf")).to(x.dtype)
@@ -176,9 +166,9 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
 class GraphedFrames:
     """Frame runner (see engine.decode) that replays captured whole-frame graphs."""
 
-    def __init__(self, talker, max_seq_len: int, trailing_rows: int = 4096, capture: bool = True, kernels=None):
+    def __init__(self, talker, max_seq_len: int, capture: bool = True, kernels=None):
         self.talker = talker
-        self.kernels = kernels if kernels else None
+        self.kernels = kernels
         talker_kernels = self.kernels
         if self.kernels and "attention" in self.kernels.active:
             # The Triton decode attention wins on the predictor's 16-position window but loses to cuBLAS at
@@ -187,7 +177,7 @@ class GraphedFrames:
         self.fused = {"talker": FusedStack(talker.model, talker_kernels),
                       "predictor": FusedStack(talker.code_predictor.model, self.kernels)}
         self.max_seq_len = max_seq_len
-        self.trailing_rows = trailing_rows
+        self.trailing_rows = max_seq_len + 1  # trailing_table holds at most max_frames + 1 <= max_seq_len + 1 rows
         self.capture_enabled = capture
         self.states: dict[int, FrameState] = {}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -222,9 +212,7 @@ class GraphedFrames:
         length = prompt.prefill.shape[1]
         if length + max_frames > self.max_seq_len:
             raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
-        trailing = trailing_table(prompt)
-        if trailing.shape[0] > s.trailing.shape[0]:
-            raise ValueError("trailing text longer than the graph's table")
+        trailing = trailing_table(prompt, max_frames)
         hidden = prefill(self.talker, prompt, bucket, s.cache)
         s.hidden.copy_(hidden)
         s.pos.fill_(length)
@@ -239,7 +227,7 @@ class GraphedFrames:
         s.set_params(params, eos_id)
         self.position = length
 
-    def _graph(self, window: int) -> torch.cuda.CUDAGraph | None:
+    def _graph(self, window: int) -> torch.cuda.CUDAGraph:
         key = (self.s.batch, window)
         if key not in self.graphs:
             t0 = time.perf_counter()
@@ -259,4 +247,4 @@ class GraphedFrames:
         else:
             frame_body(self.talker, self.fused, self.s, window)
         self.position += 1
-        return self.s.frame[: self.takes].clone(), self.s.valid[: self.takes].clone()
+        return self.s.frame[: self.takes].clone(), ~self.s.finished[: self.takes]  # valid: not ended

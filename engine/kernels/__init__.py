@@ -15,6 +15,7 @@ on any class. Apply it before capturing graphs: a graph records whichever path r
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -57,6 +58,12 @@ def available(device=None) -> tuple[bool, str]:
     return True, f"triton {triton.__version__} on {torch.cuda.get_device_name(dev)}"
 
 
+@functools.cache
+def _module(name: str):
+    """A kernel module (imports no Triton until a kernel runs); cached, as it is looked up on every call."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
 class Kernels:
     """Dispatch table of one engine instance: each op runs as Triton if its name is in `active`."""
 
@@ -73,7 +80,7 @@ class Kernels:
         return bool(self.active)
 
     def _mod(self, name):
-        return importlib.import_module(f"{__name__}.{name}")
+        return _module(name)
 
     def linear(self, x, weight, **kw):
         m = self._mod("linear")
@@ -98,10 +105,10 @@ class Kernels:
             logits, do_sample, temperature, k_index, top_p, **kw)
 
 
-def select(mode: str = "auto", device=None, names=NAMES) -> tuple[Kernels, str]:
+def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
     """Kernels for one engine instance and a sentence saying what was chosen and why.
 
-    "off": references only. "on": all of `names`, or KernelUnavailableError. "auto": on when available()."""
+    "off": references only. "on": all of NAMES, or KernelUnavailableError. "auto": on when available()."""
     if mode not in MODES:
         raise ValueError(f"kernels must be one of {MODES} (got {mode!r})")
     if mode == "off":
@@ -113,5 +120,5 @@ def select(mode: str = "auto", device=None, names=NAMES) -> tuple[Kernels, str]:
         if mode == "on":
             raise KernelUnavailableError(f"kernels='on' but the Triton kernels cannot run: {why}")
         return Kernels(), f"triton kernels off (auto): {why}"
-    ks = Kernels(names)
+    ks = Kernels(NAMES)
     return ks, f"triton kernels on ({why}): {', '.join(ks.active)}"

@@ -22,7 +22,8 @@ triton = tl = None  # bound on first use by _kernel()
 
 
 def reference(q, k_cache, v_cache, bias, scale):
-    """The torch ops of FusedLayer.step: q [B, nh, D] -> out [B, nkv, g, D] (reshape to [B, nh * D])."""
+    """The torch ops this kernel replaces in FusedLayer.step: q [B, nh, D] -> out [B, nkv, g, D]
+    (reshape to [B, nh * D])."""
     b, nh, d = q.shape
     nkv = k_cache.shape[1]
     window = bias.shape[-1]

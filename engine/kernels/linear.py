@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import interpreting
+from ._util import next_pow2
 
 triton = tl = _round = _rms_apply = _mma = None  # bound on first use by _kernel()
 
@@ -225,7 +226,7 @@ def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132) -> di
     splits = max(1, min(k_blocks, round(target / n_blocks)))
     chunk = -(-k_blocks // splits) * block_k
     splits = -(-k // chunk)  # no empty programs
-    block_m = max(16, 1 << (m - 1).bit_length()) if use_dot else 1 << (m - 1).bit_length()
+    block_m = max(16, next_pow2(m)) if use_dot else next_pow2(m)
     return {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
             "BLOCK_M": block_m, "USE_DOT": use_dot, "n_blocks": n_blocks, "splits": splits, "chunk": chunk}
 

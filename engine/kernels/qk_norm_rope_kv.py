@@ -5,9 +5,9 @@ Input qkv [B, (nh + 2 nkv) * D] is the merged projection (row stride may be larg
 are normalised, rotated and written to k_cache[b, h, pos]; v heads are copied to v_cache[b, h, pos].
 `pos` is read inside the kernel from a device tensor, so a captured graph stays valid as pos advances.
 
-Numerics as fused_layers.FusedLayer.step: RMSNorm in fp32 rounded to the dtype then scaled in the
-dtype; RoPE as addcmul(qk * cos, cat(x2, x1), sin_signed) with qk * cos rounded to the dtype and the
-addcmul computed in fp32 and rounded once.
+Numerics as `reference` below (engine/model/layers.RMSNorm and apply_rope): RMSNorm in fp32 rounded to
+the dtype then scaled in the dtype; RoPE as addcmul(qk * cos, cat(x2, x1), sin_signed) with qk * cos
+rounded to the dtype and the addcmul computed in fp32 and rounded once.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ triton = tl = None  # bound on first use by _kernel()
 
 
 def reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv):
-    """The torch ops of FusedLayer.step (returns q [B, nh, D]; writes the caches at pos)."""
+    """The torch ops this kernel replaces in FusedLayer.step (returns q [B, nh, D]; writes the caches at pos)."""
     b = qkv.shape[0]
     d = k_cache.shape[-1]
     qkv = qkv.reshape(b, -1)

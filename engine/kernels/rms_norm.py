@@ -1,6 +1,6 @@
 """RMSNorm over the last dim of [M, N] rows in one launch.
 
-Numerics as engine/gpu/fused_layers.rms: normalise in fp32, round to x.dtype, then multiply by the
+Numerics as engine/model/layers.RMSNorm: normalise in fp32, round to x.dtype, then multiply by the
 weight in x.dtype (a bf16/fp16 product of two rounded values, rounded once).
 """
 from __future__ import annotations

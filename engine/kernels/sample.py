@@ -41,8 +41,7 @@ def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=No
 
     logits = logits.float()
     if penalty is not None:
-        hit = torch.where(logits > 0, logits / penalty, logits * penalty)
-        logits = torch.where(seen, hit, logits)
+        logits = sampling.penalize_repeats(logits, seen, penalty)
         mask = banned | (eos_mask & (t < min_new))
         logits = logits.masked_fill(mask, float("-inf"))
     b, vocab = logits.shape
@@ -167,13 +166,13 @@ def _kernel():
 
 
 def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
-           first=None, penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
-           finished=None, update=False, num_warps=None):
+           penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
+           finished=None, update=False):
     """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
 
     Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
     graph_sampling.kth_index). Uniforms: u [B, V] float32, or keys [B] long + step (0-d / 1-elem long
-    device tensor) + slot (int) to draw them inside. `first` is accepted for call compatibility and unused.
+    device tensor) + slot (int) to draw them inside.
     Codebook 0: penalty (0-d float32), seen [B, V] bool, banned / eos_mask [V] bool, t / min_new long;
     update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool)."""
     b, vocab = logits.shape
@@ -201,5 +200,5 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,
         min_new if pen else ids, u8(finished) if update else dummy,
         vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update),
-        num_warps=num_warps or (4 if block <= 2048 else 8))
+        num_warps=4 if block <= 2048 else 8)
     return ids
