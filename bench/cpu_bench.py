@@ -17,21 +17,21 @@ import time
 from pathlib import Path
 
 import torch
+from timing import best_of  # bench/ is on sys.path when a bench runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import Engine, Request  # noqa: E402
-from engine.checkpoint.writer import write_random_checkpoint  # noqa: E402
+from engine.checkpoint.writer import ensure_random_checkpoint  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest."
 
 
 def checkpoint(size: str) -> Path:
     path = ROOT / ".cache" / "bench" / f"random-{size}-custom_voice"
-    if not (path / "RANDOM_WEIGHTS.json").is_file():
-        t = time.perf_counter()
-        write_random_checkpoint(path, size, "custom_voice")
+    t = time.perf_counter()
+    if ensure_random_checkpoint(path, size, "custom_voice"):
         print(f"built {size} checkpoint in {time.perf_counter() - t:.1f} s", flush=True)
     return path
 
@@ -41,17 +41,17 @@ def time_ours(path: Path, frames: int, takes: int, repeats: int, dtype: str) -> 
     req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
     params = engine.defaults.replace(max_new_tokens=frames)
     engine.generate(req, takes=takes, params=params.replace(max_new_tokens=2))  # warm-up
-    best = None
-    for _ in range(repeats):
+
+    def timed(_rep):
         t0 = time.perf_counter()
         res = engine.generate(req, takes=takes, params=params)
         wall = time.perf_counter() - t0
         assert res.codes[0].shape[0] == frames
-        row = {"decode_ms_per_frame": 1000 * res.stats["decode_s"] / frames, "e2e_ms_per_frame": 1000 * wall / frames,
-               "wall_s": wall}
-        if best is None or row["e2e_ms_per_frame"] < best["e2e_ms_per_frame"]:
-            best = row
-    del engine
+        return {"decode_ms_per_frame": 1000 * res.stats["decode_s"] / frames, "e2e_ms_per_frame": 1000 * wall / frames,
+                "wall_s": wall}
+
+    best = best_of(timed, repeats, key=lambda row: row["e2e_ms_per_frame"])
+    engine = None  # free it before the next measurement (the closure above holds the variable)
     gc.collect()
     return best
 
@@ -64,16 +64,16 @@ def time_official(path: Path, frames: int, repeats: int, dtype: str) -> dict:
     model = qwen_tts.Qwen3TTSModel.from_pretrained(str(path), device_map="cpu", dtype=torch_dtype)
     kw = dict(text=TEXT, language="English", speaker="ryan")
     model.generate_custom_voice(max_new_tokens=3, **kw)  # warm-up
-    best = None
-    for _ in range(repeats):
+
+    def timed(_rep):
         t0 = time.perf_counter()
         wavs, _ = model.generate_custom_voice(max_new_tokens=frames + 1, **kw)
         wall = time.perf_counter() - t0
         assert len(wavs[0]) == frames * 1920
-        row = {"e2e_ms_per_frame": 1000 * wall / frames, "wall_s": wall}
-        if best is None or row["e2e_ms_per_frame"] < best["e2e_ms_per_frame"]:
-            best = row
-    del model
+        return {"e2e_ms_per_frame": 1000 * wall / frames, "wall_s": wall}
+
+    best = best_of(timed, repeats, key=lambda row: row["e2e_ms_per_frame"])
+    model = None  # free it before the next measurement (the closure above holds the variable)
     gc.collect()
     return best
 

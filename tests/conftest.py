@@ -1,25 +1,14 @@
-"""Shared test setup: markers, the repository on sys.path, and tiny random checkpoints built once per run."""
+"""Shared test setup: marker handling, the parity oracle, and tiny random checkpoints built once per run."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False,
                      help="also run tests marked slow (or set RUN_SLOW=1)")
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped when torch.cuda.is_available() is False)")
-    config.addinivalue_line("markers", "slow: long-running (real-size checkpoints, long decodes); needs --runslow")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,12 +28,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def qwen_tts():
+    """The official qwen-tts package, the parity oracle (skipped when missing; a failure under
+    QWEN3TTS_STRICT_TESTS=1, as in CI)."""
+    from tests.oracle import require_qwen_tts
+
+    return require_qwen_tts()
+
+
+@pytest.fixture(scope="session")
+def talker_oracle(qwen_tts):
+    """(modeling_qwen3_tts, Qwen3TTSConfig) of the official package."""
+    from qwen_tts.core.models import modeling_qwen3_tts as m
+    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
+
+    return m, Qwen3TTSConfig
+
+
 def _official_builder(main_cfg: dict, codec_cfg: dict):
     """Meta-device modules from the official qwen-tts classes (same state-dict names as ours). Test-only."""
     from engine.checkpoint.writer import CODEC_WEIGHTS, MAIN_WEIGHTS
-    from tests.oracle import import_qwen_tts
-
-    import_qwen_tts()
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
     from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (
         Qwen3TTSTokenizerV2Config,
@@ -58,35 +62,27 @@ def _official_builder(main_cfg: dict, codec_cfg: dict):
 
 
 @pytest.fixture(scope="session")
-def checkpoint_builder():
-    """Tiny checkpoints are written from our own modules (tests compare them with the official classes)."""
-    from engine.checkpoint.writer import build_engine_modules
-
-    return build_engine_modules
-
-
-@pytest.fixture(scope="session")
-def official_builder():
+def official_builder(qwen_tts):
     """A writer builder using the official qwen-tts classes (test-only)."""
     return _official_builder
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoints(tmp_path_factory, checkpoint_builder) -> dict[str, Path]:
-    """{model_type: Path} of tiny random-weight checkpoints (seed 0, EOS off), written once per session."""
+def tiny_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """{model_type: Path} of tiny random-weight checkpoints (seed 0, EOS off), written once per session from our
+    own modules (tests compare them with the official classes)."""
     from engine.checkpoint.presets import MODEL_TYPES
     from engine.checkpoint.writer import write_random_checkpoint
 
     root = tmp_path_factory.mktemp("tiny_ckpt")
-    return {mt: write_random_checkpoint(root / mt, "tiny", mt, seed=0, builder=checkpoint_builder)
+    return {mt: write_random_checkpoint(root / mt, "tiny", mt, seed=0)
             for mt in MODEL_TYPES}
 
 
 @pytest.fixture(scope="session")
-def eos_checkpoint(tmp_path_factory, checkpoint_builder) -> Path:
+def eos_checkpoint(tmp_path_factory) -> Path:
     """A tiny CustomVoice checkpoint whose EOS row is live and scaled up (x4), so EOS comes early."""
     from engine.checkpoint.writer import write_random_checkpoint
 
     root = tmp_path_factory.mktemp("tiny_eos")
-    return write_random_checkpoint(root / "custom_voice", "tiny", "custom_voice", seed=0, eos=True, eos_scale=4.0,
-                                   builder=checkpoint_builder)
+    return write_random_checkpoint(root / "custom_voice", "tiny", "custom_voice", seed=0, eos=True, eos_scale=4.0)

@@ -22,9 +22,9 @@ LOAD_PROBLEMS = re.compile(r"not initialized|were not used|newly initialized|mis
 
 
 def _official():
-    from tests.oracle import import_qwen_tts
+    from tests.oracle import require_qwen_tts
 
-    return import_qwen_tts()
+    return require_qwen_tts()
 
 
 class _Capture(logging.Handler):
@@ -123,15 +123,14 @@ def test_layout_and_manifest(tiny_checkpoints):
             assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}  # noqa: SIM118
 
 
-def test_determinism_and_switches(tmp_path, checkpoint_builder):
-    a = writer.write_random_checkpoint(tmp_path / "a", "tiny", "base", seed=3, builder=checkpoint_builder)
-    b = writer.write_random_checkpoint(tmp_path / "b", "tiny", "base", seed=3, builder=checkpoint_builder)
+def test_determinism_and_switches(tmp_path):
+    a = writer.write_random_checkpoint(tmp_path / "a", "tiny", "base", seed=3)
+    b = writer.write_random_checkpoint(tmp_path / "b", "tiny", "base", seed=3)
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
     for rel in files:
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
-    c = writer.write_random_checkpoint(tmp_path / "c", "tiny", "base", seed=4, eos=True, dtype="bf16",
-                                       builder=checkpoint_builder)
+    c = writer.write_random_checkpoint(tmp_path / "c", "tiny", "base", seed=4, eos=True, dtype="bf16")
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
     sd = load_file(str(c / "model.safetensors"))
     assert {v.dtype for v in sd.values()} == {torch.bfloat16}

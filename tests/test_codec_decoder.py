@@ -50,9 +50,7 @@ def _randomize(module: torch.nn.Module, seed: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def pair():
-    oracle = pytest.importorskip("tests.oracle")
-    oracle.import_qwen_tts()
+def pair(qwen_tts):
     from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (
         Qwen3TTSTokenizerV2Config,
     )

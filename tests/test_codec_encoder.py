@@ -18,10 +18,7 @@ SR = 24000
 
 
 @pytest.fixture(scope="module")
-def oracle():
-    from tests.oracle import require_qwen_tts
-
-    require_qwen_tts()
+def oracle(qwen_tts):
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
     from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
     from transformers import EncodecFeatureExtractor

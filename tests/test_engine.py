@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import Engine, Request
-from engine.codec.streaming import StreamingDecoder  # noqa: F401  (import check)
+from tests.decoding import joined_take
 
 FRAMES = 12
 
@@ -54,7 +54,7 @@ def test_streaming_equals_generate(custom, chunk):
     assert [c.index for c in chunks] == list(range(len(chunks)))
     assert chunks[-1].final and not any(c.final for c in chunks[:-1])
     for i in range(2):
-        joined = torch.cat([c.audio[i, : c.valid[i]] for c in chunks])
+        joined = joined_take(chunks, i)
         assert joined.shape[0] == whole.lengths[i]
         assert float((joined - whole.audio[i, : whole.lengths[i]]).abs().max()) <= 1e-5
 
@@ -65,7 +65,7 @@ def test_streaming_icl_clone_equals_generate(base):
     r = Request(mode="clone", text="Streaming a cloned voice.", language="English", voice=voice)
     params = sampled(base, 9)
     whole = base.generate(r, seed=1, params=params)
-    joined = torch.cat([c.audio[0, : c.valid[0]] for c in base.stream(r, seed=1, params=params, chunk_frames=4)])
+    joined = joined_take(base.stream(r, seed=1, params=params, chunk_frames=4), 0)
     assert float((joined - whole.audio[0]).abs().max()) <= 1e-5
 
 
@@ -151,7 +151,7 @@ def test_takes_that_end_early_stop_contributing_audio(eos_checkpoint):
         assert not whole.audio[i, n:].any()  # only zero padding after the end
     chunks = list(e.stream(req(), takes=4, seed=21, params=params, chunk_frames=4))
     for i in range(4):
-        joined = torch.cat([c.audio[i, : c.valid[i]] for c in chunks])
+        joined = joined_take(chunks, i)
         assert joined.shape[0] == whole.lengths[i]
         if joined.numel():
             assert float((joined - whole.audio[i, : whole.lengths[i]]).abs().max()) <= 1e-5

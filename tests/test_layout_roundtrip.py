@@ -6,11 +6,9 @@ import shutil
 import torch
 
 from engine import Engine, Request
-from tests.oracle import import_qwen_tts
 
 
-def test_checkpoint_saved_by_qwen_tts_loads_in_our_engine(tiny_checkpoints, tmp_path, monkeypatch):
-    qwen_tts = import_qwen_tts()
+def test_checkpoint_saved_by_qwen_tts_loads_in_our_engine(tiny_checkpoints, tmp_path, monkeypatch, qwen_tts):
     from transformers import PretrainedConfig
 
     # transformers 4.57.3 cannot diff these nested configs (KeyError 'dtype' in to_diff_dict): save them whole

@@ -10,15 +10,13 @@ import torch
 
 from engine import Engine, Request
 
-from tests.oracle import import_qwen_tts
 
 FRAMES = 10
 WAV_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def oracle_models(tiny_checkpoints):
-    qwen_tts = import_qwen_tts()
+def oracle_models(tiny_checkpoints, qwen_tts):
     models = {}
     for kind, path in tiny_checkpoints.items():
         models[kind] = qwen_tts.Qwen3TTSModel.from_pretrained(str(path), device_map="cpu", dtype=torch.float32)
@@ -127,9 +125,8 @@ def test_voice_clone_parity(oracle_models, engines, icl, non_streaming):
     assert_same(ours, codes, wavs, ref_frames=ref_frames)
 
 
-def test_eos_ends_generation_like_upstream(oracle_models, engines, eos_checkpoint):
+def test_eos_ends_generation_like_upstream(qwen_tts, eos_checkpoint):
     """On a checkpoint whose EOS row is live, both engines stop at the same frame."""
-    qwen_tts = import_qwen_tts()
     oracle = qwen_tts.Qwen3TTSModel.from_pretrained(str(eos_checkpoint), device_map="cpu", dtype=torch.float32)
     engine = Engine.load(eos_checkpoint, device="cpu", dtype="fp32")
     stopped = 0

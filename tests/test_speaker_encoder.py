@@ -15,17 +15,6 @@ SR = 24000
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def oracle():
-    from tests.oracle import require_qwen_tts
-
-    require_qwen_tts()
-    from qwen_tts.core.models import modeling_qwen3_tts as m
-    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
-
-    return m, Qwen3TTSConfig
-
-
 def _randomize(module: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -35,8 +24,8 @@ def _randomize(module: torch.nn.Module, seed: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def pair(oracle):
-    m, config_cls = oracle
+def pair(talker_oracle):
+    m, config_cls = talker_oracle
     d = main_config("tiny", "base")
     official = m.Qwen3TTSForConditionalGeneration(config_cls(**d)).eval()
     _randomize(official.speaker_encoder, seed=99)
@@ -121,9 +110,9 @@ def test_embed_in_bf16_close_to_fp32(pair):
     assert (low.float() - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
 
 
-def test_real_size_parameter_count(oracle):
+def test_real_size_parameter_count(talker_oracle):
     """0.6B: enc_dim 1024 with the code's default channels -> about 8.85 M parameters (FACTS §11)."""
-    m, _ = oracle
+    m, _ = talker_oracle
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSSpeakerEncoderConfig
 
     counts = {}

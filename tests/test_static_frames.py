@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from engine import Engine, Request
-from engine.decode import collect, decode_frames
 from engine.gpu import frame_graph
 from engine.gpu.frame_graph import GraphedFrames
+from tests.decoding import decode_codes
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,8 @@ def test_static_frame_body_equals_eager(engine, monkeypatch, greedy, takes):
     if greedy:
         params = params.greedy()
     req = Request(mode="custom", text="Static frames must match the eager loop.", language="English", speaker="ryan")
-    prompt, params, frames = engine._prepare(req, takes, params)
-    eager, n_eager = collect(decode_frames(engine.runner, prompt, takes=takes, seed=9, params=params,
-                                           max_frames=frames, eos_id=2150))
-    static = GraphedFrames(engine.talker, 400, capture=False)
-    graph, n_graph = collect(decode_frames(static, prompt, takes=takes, seed=9, params=params, max_frames=frames,
-                                           eos_id=2150))
+    eager, n_eager = decode_codes(engine, engine.runner, req, takes, params, seed=9)
+    graph, n_graph = decode_codes(engine, GraphedFrames(engine.talker, 400, capture=False), req, takes, params, seed=9)
     assert n_eager == n_graph
     assert torch.equal(eager, graph)
 

@@ -116,11 +116,8 @@ def test_round_trip_is_nfc(ours):
 
 
 @pytest.mark.parametrize("layout", ["compact", "full"])
-def test_matches_official_processor(layout, dirs, ours, tmp_path):
+def test_matches_official_processor(layout, dirs, ours, tmp_path, qwen_tts):
     """The official path: AutoProcessor.from_pretrained(dir, fix_mistral_regex=True), as qwen_tts does."""
-    from tests.oracle import import_qwen_tts
-
-    import_qwen_tts()
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSProcessor
     from transformers import AutoConfig, AutoProcessor
 

@@ -15,6 +15,7 @@ from engine import Engine, Request, Voice
 from engine.codec import StreamingDecoder
 from engine.errors import UnsupportedConfigError
 from engine.gpu.codec_graph import WARM_CHUNKS, CodecGraphs
+from tests.decoding import joined_take
 
 pytestmark = pytest.mark.gpu
 
@@ -151,7 +152,7 @@ def test_engine_stream_uses_codec_graphs_and_equals_generate(fp32, takes, chunk)
         assert after["captures"] == before["captures"]
     assert (takes, chunk) in g.graphs
     for i in range(takes):
-        joined = torch.cat([c.audio[i, : c.valid[i]] for c in parts])
+        joined = joined_take(parts, i)
         assert joined.shape[0] == whole.lengths[i]
         _check(f"stream vs generate, take {i}", joined, whole.audio[i, : whole.lengths[i]], "fp32")
 
@@ -167,7 +168,7 @@ def test_engine_icl_stream_under_codec_graphs(tiny_checkpoints):
     params = base.defaults.replace(max_new_tokens=12)
     whole = base.generate(req, seed=1, params=params)
     before = base.codec_graphs.stats()
-    joined = torch.cat([c.audio[0, : c.valid[0]] for c in base.stream(req, seed=1, params=params, chunk_frames=4)])
+    joined = joined_take(base.stream(req, seed=1, params=params, chunk_frames=4), 0)
     after = base.codec_graphs.stats()
     assert after["graphed_chunks"] - before["graphed_chunks"] == 3
     assert after["eager_chunks"] - before["eager_chunks"] == 1  # the 13-frame reference prefix
@@ -212,7 +213,7 @@ def test_engine_codec_capture_failure(tiny_checkpoints, monkeypatch):
     assert any("codec CUDA graphs: capture failed" in n for n in eng.info.notes), eng.info.notes
     params = eng.defaults.replace(max_new_tokens=6)
     whole = eng.generate(_req(), params=params)
-    joined = torch.cat([c.audio[0, : c.valid[0]] for c in eng.stream(_req(), params=params, chunk_frames=4)])
+    joined = joined_take(eng.stream(_req(), params=params, chunk_frames=4), 0)
     _check("stream without codec graphs", joined, whole.audio[0], "fp32")
     eng.release()
     with pytest.raises(UnsupportedConfigError, match="codec CUDA graph"):

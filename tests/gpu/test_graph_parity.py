@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from engine import Engine, Request
-from engine.decode import EagerFrames, collect, decode_frames
+from engine.decode import EagerFrames
 from engine.gpu.frame_graph import GraphedFrames
+from tests.decoding import decode_codes, joined_take
 
 pytestmark = pytest.mark.gpu
 
@@ -22,9 +23,7 @@ def _req():
 
 
 def _codes(engine, runner, takes, params, seed=0, take_offset=0):
-    prompt, params, frames = engine._prepare(_req(), takes, params)
-    codes, lengths = collect(decode_frames(runner, prompt, takes=takes, seed=seed, params=params, max_frames=frames,
-                                           eos_id=2150, take_offset=take_offset))
+    codes, lengths = decode_codes(engine, runner, _req(), takes, params, seed=seed, take_offset=take_offset)
     return codes.cpu(), lengths
 
 
@@ -96,7 +95,7 @@ def test_streaming_equals_generate_under_graphs(fp32, chunk):
     whole = fp32.generate(_req(), takes=2, seed=2, params=params)
     parts = list(fp32.stream(_req(), takes=2, seed=2, params=params, chunk_frames=chunk))
     for i in range(2):
-        joined = torch.cat([c.audio[i, : c.valid[i]] for c in parts])
+        joined = joined_take(parts, i)
         assert joined.shape[0] == whole.lengths[i]
         assert float((joined - whole.audio[i, : whole.lengths[i]]).abs().max()) <= 1e-5
 
