@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Engine": "engine", "EngineInfo": "engine", "Result": "engine", "AudioChunk": "engine",
+    "Engine": "engine", "EngineInfo": "engine", "Result": "engine", "AudioChunk": "engine", "BatchItem": "engine",
     "Request": "prompt", "SamplingParams": "sampling", "Voice": "voice", "errors": None,
 }
 

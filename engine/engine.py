@@ -54,6 +54,17 @@ class Result:
 
 
 @dataclass
+class BatchItem:
+    """One request of a mixed batch (generate_batch): its takes draw from streams (seed, take_offset + i),
+    so each item's result equals generate(request, takes, seed, take_offset=take_offset) alone."""
+
+    request: Request
+    takes: int = 1
+    seed: int = 0
+    take_offset: int = 0
+
+
+@dataclass
 class AudioChunk:
     audio: torch.Tensor  # [takes, k * 1920] float32 CPU; rows that ended are zero past `valid`
     valid: list  # real samples per take in this chunk
@@ -259,6 +270,25 @@ class Engine:
                  "audio_s": max(samples) / SAMPLE_RATE if samples else 0.0, "notes": prompt.notes}
         return Result(audio=audio, lengths=samples,
                       codes=[codes[i, :n].cpu() for i, n in enumerate(lengths)], stats=stats)
+
+    def generate_batch(self, items: list, params: SamplingParams | None = None,
+                       on_progress: Callable[[int, int], None] | None = None,
+                       should_stop: Callable[[], bool] | None = None) -> list:
+        """One Result per BatchItem, in order; item k equals generate() of that item alone.
+
+        Transitional: the items run one after another. Issue 12 replaces this body with mixed-prompt batch
+        rows (ragged prefill, per-row positions, continuous admission) behind the same signature.
+        """
+        total = sum(1 for _ in items)
+        results = []
+        for k, item in enumerate(items):
+            def progress(done, maximum, k=k):
+                if on_progress is not None:
+                    on_progress(k * maximum + done, total * maximum)
+            results.append(self.generate(item.request, takes=item.takes, seed=item.seed, params=params,
+                                         on_progress=progress, should_stop=should_stop,
+                                         take_offset=item.take_offset))
+        return results
 
     @torch.inference_mode()
     def stream(self, req: Request, takes: int = 1, seed: int = 0, params: SamplingParams | None = None,
