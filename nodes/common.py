@@ -1,9 +1,8 @@
 """Inputs shared by the generator nodes, and the checks that go with them."""
 from __future__ import annotations
 
-from comfy_api.latest import io
-
 from . import sampling
+from .comfy_api_compat import io
 from .text_split import DEFAULT_MAX_UNITS
 from .types import Qwen3TTSModel
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import logging
 
-from comfy_api.latest import ComfyExtension, io
-
 from . import comfy_paths, engine_cache
+from .comfy_api_compat import ComfyExtension, io
 from .node_generate import CustomVoice, VoiceClone, VoiceDesign
 from .node_loader import LoadQwen3TTS
 from .node_stream import StreamChunks

@@ -1,9 +1,8 @@
 """The three generator nodes: VoiceClone, CustomVoice, VoiceDesign (AUDIO [takes, 1, T] at 24 kHz)."""
 from __future__ import annotations
 
-from comfy_api.latest import io
-
 from . import common
+from .comfy_api_compat import io
 from .runner import Job
 from .types import CATEGORY, PREFIX, Qwen3TTSVoice
 

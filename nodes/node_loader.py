@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import os
 
-from comfy_api.latest import io
-
 from . import comfy_paths, engine_cache, paths
+from .comfy_api_compat import io
 from .common import MAX_TAKES, check_combo
 from .types import CATEGORY, PREFIX, Qwen3TTSModel
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import base64
 
-from comfy_api.latest import io
-
 from . import common
+from .comfy_api_compat import io
 from .runner import Job
 from .types import CATEGORY, EVENT, PREFIX, Qwen3TTSVoice
 

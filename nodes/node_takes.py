@@ -1,9 +1,8 @@
 """PickTake: one take out of a batch, padding trimmed; its widget previews every take."""
 from __future__ import annotations
 
-from comfy_api.latest import io, ui
-
 from .audio_utils import pick_take, take_lengths
+from .comfy_api_compat import io, ui
 from .types import CATEGORY, PREFIX
 
 

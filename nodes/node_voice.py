@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import os
 
-from comfy_api.latest import io
-
 from . import comfy_paths, common, engine_cache, paths
 from .audio_utils import batch_item
+from .comfy_api_compat import io
 from .runner import engine_errors
 from .types import CATEGORY, PREFIX, Qwen3TTSVoice
 

@@ -79,3 +79,28 @@ def test_engine_source_never_imports_forbidden_packages():
                 names = [node.module or ""]
             for n in names:
                 assert n.split(".")[0] not in forbidden, f"{path}: imports {n}"
+
+
+def _imported_modules(path: Path) -> list[str]:
+    """Absolute modules a file imports: import statements, plus importlib.import_module("...") literals."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.append(node.module or "")
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.append(node.args[0].value)
+    return names
+
+
+def test_only_the_shim_imports_comfy_api():
+    """ComfyUI's V3 node API is reached through nodes/comfy_api_compat.py alone, so a rename in a newer ComfyUI
+    is handled in one place (docs/COMPATIBILITY.md)."""
+    shim = ROOT / "nodes" / "comfy_api_compat.py"
+    files = [ROOT / "__init__.py", *(ROOT / "nodes").rglob("*.py"), *(ROOT / "engine").rglob("*.py"),
+             *(ROOT / "scripts").rglob("*.py")]
+    offenders = [f"{p.relative_to(ROOT)}: {n}" for p in files if p != shim
+                 for n in _imported_modules(p) if n.split(".")[0] == "comfy_api"]
+    assert offenders == []

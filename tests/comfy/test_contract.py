@@ -204,3 +204,14 @@ def test_loading_a_file_that_is_not_a_voice_is_a_clear_error(comfy, tmp_path):
 
     with pytest.raises(VoiceError, match="not a Qwen3-TTS Fast voice"):
         Voice.load(paths.find_voice("not_a_voice"))
+
+
+def test_the_pinned_v3_api_module_is_used(comfy):
+    """On ComfyUI 0.3.75 the shim takes comfy_api.v0_0_2 (the versioned module ComfyUI's docs recommend), and an
+    advanced input carries "advanced": true in the node info on a backend whose Input has no advanced= yet."""
+    compat = _pack_module("comfy_api_compat")
+    import comfy_api.v0_0_2
+
+    assert compat.API_MODULE == "comfy_api.v0_0_2" and compat.io is comfy_api.v0_0_2.io
+    spec = compat.advanced(compat.io.Int.Input("n", default=0, tooltip="t")).as_dict()
+    assert spec["advanced"] is True and spec["tooltip"] == "t"
