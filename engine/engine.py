@@ -11,6 +11,7 @@ import torch
 
 from .config import SAMPLE_RATE, SAMPLES_PER_FRAME, ModelConfig
 from .decode import EagerFrames, collect, decode_frames
+from .engine_lock import EngineLock, serialised, serialised_stream
 from .errors import (
     InvalidInputError,
     ModeError,
@@ -94,7 +95,10 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 class Engine:
-    """Load once, then generate(), stream() and extract_voice() as often as needed."""
+    """Load once, then generate(), stream() and extract_voice() as often as needed. Calls are serialised
+    (engine_lock.py): a second thread waits at most `busy_timeout_s` seconds, then gets EngineBusyError."""
+
+    busy_timeout_s: float | None = 600.0
 
     def __init__(self, *, cfg, defaults, tokenizer, talker, speaker_encoder, codec, device, dtype,
                  info, max_takes, max_seq_len):
@@ -106,6 +110,7 @@ class Engine:
         self.builder = PromptBuilder(cfg, talker, tokenizer)
         self.runner = EagerFrames(talker)
         self.codec_graphs = None  # gpu.codec_graph.CodecGraphs while CUDA graphs are on
+        self._lock = EngineLock()
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -248,6 +253,7 @@ class Engine:
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, take_offset=take_offset,
                              should_stop=should_stop, on_frames=on_progress, timings=timings)
 
+    @serialised()
     @torch.inference_mode()
     def generate(self, req: Request, takes: int = 1, seed: int = 0, params: SamplingParams | None = None,
                  on_progress: Callable[[int, int], None] | None = None,
@@ -271,6 +277,7 @@ class Engine:
         return Result(audio=audio, lengths=samples,
                       codes=[codes[i, :n].cpu() for i, n in enumerate(lengths)], stats=stats)
 
+    @serialised(nests=True)
     def generate_batch(self, items: list, params: SamplingParams | None = None,
                        on_progress: Callable[[int, int], None] | None = None,
                        should_stop: Callable[[], bool] | None = None) -> list:
@@ -290,6 +297,7 @@ class Engine:
                                          take_offset=item.take_offset))
         return results
 
+    @serialised_stream
     @torch.inference_mode()
     def stream(self, req: Request, takes: int = 1, seed: int = 0, params: SamplingParams | None = None,
                chunk_frames: int = 8, on_progress=None, should_stop=None, take_offset: int = 0
@@ -333,6 +341,7 @@ class Engine:
 
     # -- voices --------------------------------------------------------------------------------
 
+    @serialised()
     @torch.inference_mode()
     def extract_voice(self, waveform, sample_rate: int, ref_text: str | None = None) -> Voice:
         """Speaker embedding (and, with ref_text, ICL reference codes) from any mono or multi-channel audio."""
@@ -358,6 +367,7 @@ class Engine:
 
     # -- memory --------------------------------------------------------------------------------
 
+    @serialised()
     def release(self) -> None:
         """Free device memory: graphs and caches are dropped and weights move to the CPU (load the engine
         again to run on the GPU)."""

@@ -31,3 +31,7 @@ class UnsupportedConfigError(Qwen3TTSError):
 
 class GenerationInterrupted(Qwen3TTSError):
     """The caller's should_stop() asked the decode loop to stop; the engine stays usable."""
+
+
+class EngineBusyError(Qwen3TTSError, RuntimeError):
+    """The engine is held by another call (see engine/engine_lock.py); nothing was run."""

@@ -120,12 +120,15 @@ class Job:
         send({"phase": "start", "sample_rate": sr, "segments": len(self.segments), "chunk_frames": chunk_frames})
         for k in range(len(self.segments)):
             def run(k=k):
-                for chunk in self.engine.stream(self.request(k), takes=1, seed=self.seed_for(k),
-                                                params=self.params, chunk_frames=chunk_frames,
-                                                on_progress=self.progress.on_progress,
-                                                should_stop=mm.processing_interrupted):
-                    emit(joiner.push(chunk.audio[0, : chunk.valid[0]]))
-                    mm.throw_exception_if_processing_interrupted()
+                # closing(): an interrupt raised here must end the generator (and free the engine) now, not
+                # when the traceback that still references it is collected.
+                with contextlib.closing(self.engine.stream(
+                        self.request(k), takes=1, seed=self.seed_for(k), params=self.params,
+                        chunk_frames=chunk_frames, on_progress=self.progress.on_progress,
+                        should_stop=mm.processing_interrupted)) as chunks:
+                    for chunk in chunks:
+                        emit(joiner.push(chunk.audio[0, : chunk.valid[0]]))
+                        mm.throw_exception_if_processing_interrupted()
             self.call(run)
             emit(joiner.end_segment())
             self.progress.next_segment()
