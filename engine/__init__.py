@@ -6,7 +6,7 @@ import importlib
 
 _EXPORTS = {
     "Engine": "engine", "EngineInfo": "engine", "Result": "engine", "AudioChunk": "engine", "BatchItem": "engine",
-    "Request": "prompt", "SamplingParams": "sampling", "Voice": "voice", "errors": None,
+    "Request": "prompt", "SamplingParams": "sampling", "check_take_range": "sampling", "Voice": "voice", "errors": None,
 }
 
 __all__ = list(_EXPORTS)

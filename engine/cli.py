@@ -25,6 +25,9 @@ def tiny_checkpoint(model_type: str) -> Path:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .prompt import DEFAULT_NON_STREAMING
+
+    official = ", ".join(f"{mode}: {'on' if on else 'off'}" for mode, on in DEFAULT_NON_STREAMING.items())
     p = argparse.ArgumentParser(prog="python -m engine", description="Qwen3-TTS-12Hz inference engine")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("synth", help="synthesise speech to WAV")
@@ -39,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--xvec-only", action="store_true", help="clone from the speaker embedding only")
     s.add_argument("--takes", type=int, default=1)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--first-take", type=int, default=0,
+                   help="take i of this run is take first_take + i of the seed: --takes 1 --first-take 3 "
+                        "re-renders take 3 of a --takes 4 run with the same seed")
+    s.add_argument("--non-streaming-mode", choices=["on", "off"], default=None,
+                   help="on: the whole text is in the prompt; off: it is fed alongside the frames. "
+                        f"Default: the official package's default for the mode ({official})")
     s.add_argument("--greedy", action="store_true")
     s.add_argument("--max-new-tokens", type=int, default=None)
     s.add_argument("--device", default="auto")
@@ -72,7 +81,7 @@ def synth(args) -> dict:
 
     from . import audio
     from .engine import Engine
-    from .prompt import MODE_OF_MODEL, Request
+    from .prompt import DEFAULT_NON_STREAMING, MODE_OF_MODEL, Request
 
     random_weights = args.model is None
     model_type = {m: t for t, m in MODE_OF_MODEL.items()}[args.mode or "custom"]
@@ -98,13 +107,16 @@ def synth(args) -> dict:
         voice = engine.extract_voice(wav, sr, ref_text=ref_text)
     speaker = args.speaker or (engine.speakers[0] if mode == "custom" and engine.speakers else None)
     instruct = args.instruct if args.instruct is not None else ("A calm, clear voice." if mode == "design" else None)
-    req = Request(mode=mode, text=args.text, language=args.language, speaker=speaker, instruct=instruct, voice=voice)
+    non_streaming = None if args.non_streaming_mode is None else args.non_streaming_mode == "on"
+    req = Request(mode=mode, text=args.text, language=args.language, speaker=speaker, instruct=instruct, voice=voice,
+                  non_streaming_mode=non_streaming)
 
     t0 = time.perf_counter()
     ttfa = None
     if args.stream:
         pieces = []
-        for chunk in engine.stream(req, takes=args.takes, seed=args.seed, params=params, chunk_frames=args.chunk_size):
+        for chunk in engine.stream(req, takes=args.takes, seed=args.seed, params=params, chunk_frames=args.chunk_size,
+                                   take_offset=args.first_take):
             if ttfa is None:
                 ttfa = chunk.elapsed_s
             pieces.append(chunk)
@@ -115,7 +127,7 @@ def synth(args) -> dict:
         frames = [n // 1920 for n in lengths]
         codes = [codes_all[i, :f] for i, f in enumerate(frames)]
     else:
-        res = engine.generate(req, takes=args.takes, seed=args.seed, params=params)
+        res = engine.generate(req, takes=args.takes, seed=args.seed, params=params, take_offset=args.first_take)
         audio_rows = [res.audio[i, :n] for i, n in enumerate(res.lengths)]
         codes = res.codes
     wall = time.perf_counter() - t0
@@ -134,7 +146,9 @@ def synth(args) -> dict:
     audio_s = sum(r.numel() for r in audio_rows) / 24000.0
     frames_total = max(c.shape[0] for c in codes)
     return {
-        "frames": frames_total, "takes": args.takes, "audio_s": round(audio_s, 3), "wall_s": round(wall, 3),
+        "frames": frames_total, "takes": args.takes, "seed": args.seed, "first_take": args.first_take,
+        "non_streaming_mode": DEFAULT_NON_STREAMING[mode] if non_streaming is None else non_streaming,
+        "audio_s": round(audio_s, 3), "wall_s": round(wall, 3),
         "rtf": round(audio_s / wall, 3) if wall > 0 else None,
         "ms_per_frame": round(1000 * wall / max(frames_total, 1), 2),
         "ttfa_s": round(ttfa, 4) if ttfa is not None else None, "load_s": round(load_s, 2),

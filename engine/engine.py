@@ -19,7 +19,7 @@ from .errors import (
     UnsupportedConfigError,
 )
 from .prompt import MODE_OF_MODEL, Prompt, PromptBuilder, Request
-from .sampling import SamplingParams
+from .sampling import SamplingParams, check_take_range
 from .voice import Voice
 
 log = logging.getLogger(__name__)
@@ -230,9 +230,10 @@ class Engine:
 
     # -- synthesis -----------------------------------------------------------------------------
 
-    def _prepare(self, req: Request, takes: int, params: SamplingParams | None):
+    def _prepare(self, req: Request, takes: int, params: SamplingParams | None, take_offset: int = 0):
         if not 1 <= int(takes) <= self.max_takes:
             raise InvalidInputError(f"takes must be between 1 and {self.max_takes} (got {takes}).")
+        check_take_range(take_offset, takes)
         params = (params or self.defaults).validate()
         if req.mode == "clone" and req.voice is not None:
             req.voice.check_compatible(self.cfg)
@@ -261,7 +262,7 @@ class Engine:
                  progress_every: int = 4) -> Result:
         """Synthesise `takes` takes of one request. Take i draws from stream (seed, take_offset + i)."""
         t0 = time.perf_counter()
-        prompt, params, max_frames = self._prepare(req, takes, params)
+        prompt, params, max_frames = self._prepare(req, takes, params, take_offset)
         timings = {}
         chunks = self._frames(prompt, takes, seed, params, max_frames, progress_every, take_offset, should_stop,
                               on_progress, timings)
@@ -308,7 +309,7 @@ class Engine:
         if chunk_frames < 1:
             raise InvalidInputError(f"chunk_frames must be at least 1 (got {chunk_frames}).")
         t0 = time.perf_counter()
-        prompt, params, max_frames = self._prepare(req, takes, params)
+        prompt, params, max_frames = self._prepare(req, takes, params, take_offset)
         decoder = StreamingDecoder(self.codec, batch=takes, graphs=self.codec_graphs, chunk_frames=chunk_frames)
         if prompt.ref_codes is not None:  # ICL: the reference codes are left context, never emitted
             decoder.push(prompt.ref_codes[None].expand(takes, -1, -1).to(self.device))

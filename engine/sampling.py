@@ -19,6 +19,7 @@ import torch
 from .errors import InvalidInputError
 
 _M32 = 0xFFFFFFFF
+TAKE_STREAMS = 1 << 32  # take indices a stream key can tell apart: 0 .. 2^32 - 1
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,18 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     x = ((x ^ (x >> 16)) * 0x7FEB352D) & _M32
     x = ((x ^ (x >> 15)) * 0x846CA68B) & _M32
     return x ^ (x >> 16)
+
+
+def check_take_range(first_take: int, takes: int) -> None:
+    """Takes first_take .. first_take + takes - 1 must be streams that take_keys tells apart (32-bit indices)."""
+    first_take, takes = int(first_take), int(takes)
+    if first_take < 0:
+        raise InvalidInputError(f"first_take must be 0 or more (got {first_take}).")
+    if first_take + takes > TAKE_STREAMS:
+        raise InvalidInputError(
+            f"first_take {first_take} with {takes} take(s) reaches take index {first_take + takes - 1}, but take "
+            f"indices end at {TAKE_STREAMS - 1}. Use a first_take of at most {TAKE_STREAMS - takes}, or fewer takes."
+        )
 
 
 def take_keys(seed: int, take_indices, device) -> torch.Tensor:

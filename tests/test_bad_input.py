@@ -98,6 +98,16 @@ def test_takes_out_of_range(engines):
         e.generate(custom(), takes=e.max_takes + 1)
 
 
+def test_first_take_beyond_the_stream_range(engines):
+    e = engines["custom_voice"]
+    with pytest.raises(InvalidInputError, match="take indices end at 4294967295"):
+        e.generate(custom(), takes=2, take_offset=2**32 - 1, params=params(e))
+    with pytest.raises(InvalidInputError, match="first_take must be 0 or more"):
+        next(e.stream(custom(), take_offset=-1, params=params(e)))
+    last = e.generate(custom(), takes=1, take_offset=2**32 - 1, params=params(e))  # the last stream is usable
+    assert last.codes[0].shape == (3, 16)
+
+
 def test_voice_from_another_model_size(engines, tmp_path):
     e = engines["base"]
     alien = Voice(spk_embedding=torch.zeros(2048, dtype=torch.bfloat16), model_size="1b7")

@@ -64,3 +64,51 @@ def test_synth_reports_bad_input_as_an_error(tiny_checkpoints, tmp_path):
                            "--text", "  ", "--out", str(tmp_path / "x.wav")], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2 and "error: the text is empty" in proc.stderr
+
+
+def synth_here(capsys, *args):
+    """The CLI in this process (no interpreter start): returns (exit status, JSON result or None, stderr)."""
+    from engine import cli
+
+    rc = cli.main(["synth", "--device", "cpu", "--dtype", "fp32", *args])
+    out = capsys.readouterr()
+    return rc, (json.loads(out.out.strip().splitlines()[-1]) if rc == 0 else None), out.err
+
+
+def test_first_take_renders_one_take_of_a_batch_again(tiny_checkpoints, tmp_path, capsys):
+    model = ["--model", str(tiny_checkpoints["custom_voice"]), "--seed", "1234", "--max-new-tokens", "8"]
+    rc, res, _ = synth_here(capsys, *model, "--takes", "4", "--out", str(tmp_path / "b.wav"),
+                            "--codes-out", str(tmp_path / "b.npy"))
+    assert rc == 0 and res["first_take"] == 0
+    batch = np.load(tmp_path / "b.npy")
+    assert len({batch[i].tobytes() for i in range(4)}) == 4, "sampled takes must differ"
+    for i in range(4):
+        rc, res, _ = synth_here(capsys, *model, "--takes", "1", "--first-take", str(i), "--out",
+                                str(tmp_path / f"t{i}.wav"), "--codes-out", str(tmp_path / f"t{i}.npy"))
+        assert rc == 0 and res["seed"] == 1234 and res["first_take"] == i
+        assert np.array_equal(np.load(tmp_path / f"t{i}.npy")[0], batch[i]), f"take {i}"
+
+
+@pytest.mark.parametrize("first,takes,says", [(-1, 1, "must be 0 or more"),
+                                              (2**32 - 1, 2, "Use a first_take of at most 4294967294"),
+                                              (2**32, 1, "Use a first_take of at most 4294967295")])
+def test_first_take_out_of_the_stream_range_is_a_clear_error(tiny_checkpoints, tmp_path, capsys, first, takes, says):
+    rc, _, err = synth_here(capsys, "--model", str(tiny_checkpoints["custom_voice"]), "--max-new-tokens", "2",
+                            "--takes", str(takes), "--first-take", str(first), "--out", str(tmp_path / "x.wav"))
+    assert rc == 2 and err.startswith("error: first_take") and says in err
+
+
+@pytest.mark.parametrize("model_type,official", [("custom_voice", "on"), ("base", "off")])
+def test_non_streaming_mode_switch_and_official_default(tiny_checkpoints, tmp_path, capsys, model_type, official):
+    """Text in the prompt (on) or fed with the frames (off) give different greedy codes; no flag = the default."""
+    codes = {}
+    for flag in (None, "on", "off"):
+        extra = [] if flag is None else ["--non-streaming-mode", flag]
+        rc, res, err = synth_here(capsys, "--model", str(tiny_checkpoints[model_type]), "--greedy",
+                                  "--max-new-tokens", "6", "--out", str(tmp_path / "o.wav"),
+                                  "--codes-out", str(tmp_path / "c.npy"), *extra)
+        assert rc == 0, err
+        assert res["non_streaming_mode"] == ((flag or official) == "on")
+        codes[flag] = np.load(tmp_path / "c.npy")
+    assert np.array_equal(codes[None], codes[official])
+    assert not np.array_equal(codes["on"], codes["off"])

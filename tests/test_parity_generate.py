@@ -137,3 +137,15 @@ def test_eos_ends_generation_like_upstream(qwen_tts, eos_checkpoint):
         assert_same(ours, codes, wavs)
         stopped += ours.codes[0].shape[0] < FRAMES
     assert stopped >= 1, "no case reached EOS; the test checkpoint should make EOS likely"
+
+
+def test_default_non_streaming_mode_is_the_official_one(qwen_tts):
+    """Request(non_streaming_mode=None) and the CLI without --non-streaming-mode use the official default."""
+    import inspect
+
+    from engine.prompt import DEFAULT_NON_STREAMING
+
+    methods = {"custom": "generate_custom_voice", "design": "generate_voice_design", "clone": "generate_voice_clone"}
+    official = {mode: inspect.signature(getattr(qwen_tts.Qwen3TTSModel, name)).parameters["non_streaming_mode"].default
+                for mode, name in methods.items()}
+    assert DEFAULT_NON_STREAMING == official
