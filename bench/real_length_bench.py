@@ -1,0 +1,251 @@
+"""Real-length benchmark: 40 sentences of 1 to 30 s, every length seen for the first time.
+
+    python bench/real_length_bench.py --out DIR [--sizes 0.6b 1.7b] [--skip-faster] [--engine-root ROOT]
+
+Each (engine, mode) runs in a FRESH subprocess, so no prompt length, frame count or chunk size has been
+seen before: what a ComfyUI user gets. The script (bench/real_length_script.py) runs in order at 1 take,
+at 4 takes and streaming with chunk 2; faster-qwen3-tts 0.5.4 runs the same sentences and frame counts
+(1 take, and streaming with chunk 2 up to the first chunk) in the same run. Random real-size checkpoints
+with EOS disabled make every request decode exactly its frame count.
+
+Per mode it reports audio s / wall s, p50/p95 wall per request, p50/p95 first audio (the first streamed
+chunk; the whole request when not streaming) and the request overhead = wall - frames x steady ms/frame,
+where the steady ms/frame of each engine is (wall(300 frames) - wall(100 frames)) / 200 measured warm in
+the same process after the script. Writes DIR/real_length_<gpu>.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpu_bench import _patch_tf5_rope, checkpoint
+from real_length_script import FPS, script
+
+ROOT = Path(__file__).resolve().parents[1]
+STEADY_TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
+               "and watched the ships pass safely through the storm.")
+SPEAKER = "ryan"
+
+
+def _pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def summarise(rows: list, steady_ms: float, takes: int) -> dict:
+    audio = sum(r["frames"] for r in rows) / FPS
+    wall = sum(r["wall_s"] for r in rows)
+    over = [1000 * r["wall_s"] - r["frames"] * steady_ms for r in rows]
+    walls = [1000 * r["wall_s"] for r in rows]
+    first = [1000 * r["first_s"] for r in rows]
+    return {"requests": len(rows), "audio_s": audio, "wall_s": wall, "x_real_time": audio / wall,
+            "x_real_time_all_takes": takes * audio / wall, "steady_ms_per_frame": steady_ms,
+            "wall_p50_ms": _pct(walls, 50), "wall_p95_ms": _pct(walls, 95),
+            "first_audio_p50_ms": _pct(first, 50), "first_audio_p95_ms": _pct(first, 95),
+            "overhead_p50_ms": _pct(over, 50), "overhead_p95_ms": _pct(over, 95)}
+
+
+def _steady(run, frames_hi=300, frames_lo=100) -> float:
+    """Warm ms per frame without fixed costs: median of 3 at each length, then the difference."""
+    run(frames_hi)
+    run(frames_lo)
+    hi = statistics.median(run(frames_hi) for _ in range(3))
+    lo = statistics.median(run(frames_lo) for _ in range(3))
+    return 1000 * (hi - lo) / (frames_hi - frames_lo)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workers (fresh subprocesses)
+
+
+def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int) -> dict:
+    import torch
+
+    sys.path.insert(0, str(engine_root))
+    from engine import Engine, Request
+
+    t = time.perf_counter()
+    eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")  # the node's defaults
+    torch.cuda.synchronize()
+    load_s = time.perf_counter() - t
+    takes = 4 if mode == "takes4" else 1
+    stream_kw = {"chunk_frames": 2}
+    if first_chunk:
+        stream_kw["first_chunk_frames"] = first_chunk
+
+    def params(frames):
+        return eng.defaults.replace(max_new_tokens=frames, min_new_tokens=min(eng.defaults.min_new_tokens, frames))
+
+    def one(lang, text, frames, seed):
+        req = Request(mode="custom", text=text, language=lang, speaker=SPEAKER)
+        t0 = time.perf_counter()
+        if mode == "stream2":
+            first, n = None, 0
+            for chunk in eng.stream(req, takes=1, seed=seed, params=params(frames), **stream_kw):
+                first = chunk.elapsed_s if first is None else first
+                n += chunk.codes.shape[1]
+            wall = time.perf_counter() - t0
+        else:
+            res = eng.generate(req, takes=takes, seed=seed, params=params(frames))
+            wall = time.perf_counter() - t0
+            first, n = wall, res.stats["frames"]
+        assert n == frames, (n, frames)
+        return {"frames": frames, "wall_s": wall, "first_s": first}
+
+    rows = []
+    for i, (lang, text, frames) in enumerate(script()):
+        rows.append({"language": lang, **one(lang, text, frames, seed=i)})
+        print(json.dumps(rows[-1]), flush=True)
+    steady = _steady(lambda n: one("English", STEADY_TEXT, n, seed=0)["wall_s"])
+    out = {"engine": "ours", "mode": mode, "takes": takes, "load_s": load_s, "info": eng.info.summary(),
+           "notes": eng.info.notes, "rows": rows, **summarise(rows, steady, takes)}
+    graphs = getattr(eng.runner, "graphs", {})
+    out["frame_graphs"] = [list(k) for k in graphs]
+    if eng.codec_graphs is not None:
+        out["codec_graphs"] = eng.codec_graphs.stats()
+    out["gpu_mem_reserved_gb"] = torch.cuda.memory_reserved() / 1e9
+    return out
+
+
+def worker_faster(ckpt: Path, mode: str) -> dict:
+    import torch
+
+    import qwen_tts  # noqa: F401  (qwen-tts-hf)
+    _patch_tf5_rope()
+    from faster_qwen3_tts import FasterQwen3TTS
+
+    t = time.perf_counter()
+    model = FasterQwen3TTS.from_pretrained(str(ckpt), device="cuda", dtype=torch.bfloat16, max_seq_len=2048)
+    load_s = time.perf_counter() - t
+    model.generate_custom_voice(STEADY_TEXT, SPEAKER, "English", max_new_tokens=24, min_new_tokens=24)  # capture
+
+    def one(lang, text, frames):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if mode == "stream2":  # first chunk only: its window re-decode would dominate the rest
+            gen = model.generate_custom_voice_streaming(text, SPEAKER, lang, max_new_tokens=frames,
+                                                        min_new_tokens=frames, chunk_size=2)
+            next(gen)
+            first = time.perf_counter() - t0
+            gen.close()
+            return {"frames": frames, "wall_s": first, "first_s": first, "first_only": True}
+        wavs, _ = model.generate_custom_voice(text, SPEAKER, lang, max_new_tokens=frames, min_new_tokens=frames)
+        wall = time.perf_counter() - t0
+        return {"frames": len(wavs[0]) // 1920, "wall_s": wall, "first_s": wall}
+
+    rows = []
+    for lang, text, frames in script():
+        rows.append({"language": lang, **one(lang, text, frames)})
+        print(json.dumps(rows[-1]), flush=True)
+    steady = _steady(lambda n: one("English", STEADY_TEXT, n)["wall_s"]) if mode == "take1" else float("nan")
+    return {"engine": "faster-qwen3-tts 0.5.4", "mode": mode, "takes": 1, "load_s": load_s, "rows": rows,
+            **summarise(rows, steady, 1)}
+
+
+def run_worker(args: list) -> dict:
+    cmd = [sys.executable, __file__, *args]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    sys.stderr.write(proc.stderr[-3000:])
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"
+        return {"args": args, "error": tail}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["process_s"] = time.perf_counter() - t
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+MODES = {"take1": "1 take", "takes4": "4 takes", "stream2": "streaming, chunk 2"}
+
+
+def table(results: dict) -> str:
+    lines = ["| model | engine | mode | × real time (per take / all takes) | wall p50 / p95 ms | "
+             "first audio p50 / p95 ms | overhead p50 / p95 ms | steady ms/frame | load s | vs faster-qwen3-tts |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for size, runs in results.items():
+        faster = {r["mode"]: r for r in runs if r.get("engine", "").startswith("faster") and "error" not in r}
+        for r in runs:
+            if "error" in r:
+                lines.append(f"| {size} | {' '.join(r['args'][:4])} | | error: {r['error'][:120]} | | | | | | |")
+                continue
+            f = faster.get(r["mode"])
+            vs = ""
+            first_only = r["engine"].startswith("faster") and r["mode"] == "stream2"
+            if r["engine"] != "ours" or f is None:
+                pass
+            elif r["mode"] == "stream2":
+                vs = f"first audio p50 {f['first_audio_p50_ms'] / r['first_audio_p50_ms']:.1f}× earlier"
+            else:
+                vs = f"{r['x_real_time'] / f['x_real_time']:.2f}× faster"
+            rt = "–" if first_only else f"{r['x_real_time']:.1f} / {r['x_real_time_all_takes']:.1f}"
+            wall = "–" if first_only else f"{r['wall_p50_ms']:.0f} / {r['wall_p95_ms']:.0f}"
+            over = "–" if first_only else f"{r['overhead_p50_ms']:.0f} / {r['overhead_p95_ms']:.0f}"
+            steady = "–" if r["steady_ms_per_frame"] != r["steady_ms_per_frame"] else f"{r['steady_ms_per_frame']:.2f}"
+            lines.append(f"| {size} | {r.get('label', r['engine'])} | {MODES[r['mode']]} | {rt} | {wall} | "
+                         f"{r['first_audio_p50_ms']:.0f} / {r['first_audio_p95_ms']:.0f} | {over} | {steady} | "
+                         f"{r['load_s']:.1f} | {vs} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker")
+    ap.add_argument("--ckpt", type=Path)
+    ap.add_argument("--mode", default="take1", choices=list(MODES))
+    ap.add_argument("--engine-root", type=Path, default=ROOT, help="import `engine` from here (a before/after run)")
+    ap.add_argument("--label", default="", help="name of the --engine-root run in the table")
+    ap.add_argument("--first-chunk", type=int, default=0, help="stream's first_chunk_frames (0: not passed)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--sizes", nargs="+", default=["0.6b", "1.7b"])
+    ap.add_argument("--modes", nargs="+", default=list(MODES))
+    ap.add_argument("--skip-faster", action="store_true")
+    ap.add_argument("--name", default="", help="file name suffix (default: the GPU's short name)")
+    args = ap.parse_args()
+    if args.worker == "ours":
+        print(json.dumps(worker_ours(args.ckpt, args.mode, args.engine_root, args.first_chunk)))
+        return
+    if args.worker == "faster":
+        print(json.dumps(worker_faster(args.ckpt, args.mode)))
+        return
+
+    results = {}
+    for size in args.sizes:
+        ckpt = checkpoint(size)
+        runs = results[f"{size} CustomVoice"] = []
+        for mode in args.modes:
+            extra = ["--engine-root", str(args.engine_root), "--first-chunk", str(args.first_chunk)]
+            r = run_worker(["--worker", "ours", "--ckpt", str(ckpt), "--mode", mode, *extra])
+            r["label"] = args.label or "this pack"
+            runs.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
+        for mode in ("take1", "stream2") if not args.skip_faster else ():
+            if mode in args.modes:
+                r = run_worker(["--worker", "faster", "--ckpt", str(ckpt), "--mode", mode])
+                runs.append(r)
+                print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
+    import torch
+
+    gpu = torch.cuda.get_device_name(0)
+    name = args.name or ("h100" if "H100" in gpu else "h200" if "H200" in gpu else "gpu")
+    meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "sentences": len(script()),
+            "audio_s": sum(f for _, _, f in script()) / FPS, "date": time.strftime("%Y-%m-%d"),
+            "engine_root": str(args.engine_root)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"real_length_{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    md = (f"{gpu}, torch {meta['torch']}, bf16, {meta['sentences']} sentences, {meta['audio_s']:.0f} s of audio "
+          "per take (EOS disabled, frames from 2.7 words/s or 4.5 CJK chars/s), each mode in a fresh process.\n\n"
+          f"{table(results)}\n")
+    (args.out / f"real_length_{name}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
