@@ -6,7 +6,8 @@ import importlib
 
 _EXPORTS = {
     "Engine": "engine", "EngineInfo": "engine", "Result": "engine", "AudioChunk": "engine", "BatchItem": "engine",
-    "Request": "prompt", "SamplingParams": "sampling", "check_take_range": "sampling", "Voice": "voice", "errors": None,
+    "Request": "prompt", "SamplingParams": "sampling", "check_take_range": "sampling", "Voice": "voice",
+    "blend_voices": "voice_blend", "errors": None,
 }
 
 __all__ = list(_EXPORTS)
