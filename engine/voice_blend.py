@@ -20,8 +20,9 @@ from .voice import Voice
 MIN_VOICES, MAX_VOICES = 2, 4
 
 
-def blend_voices(voices: list[Voice], weights: list[float]) -> Voice:
-    """The weighted x-vector blend of `voices` (weights >= 0, any scale), as a voice of the same model."""
+def blend_voices(voices: list[Voice], weights: list[float], labels: list[str] | None = None) -> Voice:
+    """The weighted x-vector blend of `voices` (weights >= 0, any scale), as a voice of the same model.
+    `labels` name the voices in errors (default "voice 1", "voice 2", ...)."""
     if not MIN_VOICES <= len(voices) <= MAX_VOICES:
         raise InvalidInputError(f"blend {MIN_VOICES} to {MAX_VOICES} voices (got {len(voices)}).")
     if len(weights) != len(voices):
@@ -29,11 +30,12 @@ def blend_voices(voices: list[Voice], weights: list[float]) -> Voice:
     w = [float(x) for x in weights]
     if any(not x >= 0 for x in w) or sum(w) <= 0:
         raise InvalidInputError(f"weights must be 0 or more and not all 0 (got {w}).")
+    names = list(labels) if labels else [f"voice {i}" for i in range(1, len(voices) + 1)]
     first = voices[0]
-    for i, v in enumerate(voices[1:], start=2):
+    for name, v in zip(names[1:], voices[1:]):
         if v.family != first.family or v.model_size != first.model_size or v.width != first.width:
             raise VoiceError(
-                f"voice {i} was made by a {v.family} {v.model_size or '?'} model (width {v.width}) but voice 1 by a "
+                f"{name} was made by a {v.family} {v.model_size or '?'} model (width {v.width}) but {names[0]} by a "
                 f"{first.family} {first.model_size or '?'} model (width {first.width}). Only voices of the same "
                 "model family and size can be blended: extract them all with one Base model.")
     embs = torch.stack([v.spk_embedding.detach().to("cpu", torch.float32).reshape(-1) for v in voices])

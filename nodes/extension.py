@@ -6,7 +6,9 @@ import logging
 from . import comfy_paths, engine_cache
 from .comfy_api_compat import ComfyExtension, io
 from .node_generate import CustomVoice, VoiceClone, VoiceDesign
+from .node_blend import BlendVoices
 from .node_loader import LoadQwen3TTS
+from .node_script import SaveSubtitles, Script
 from .node_stream import StreamChunks
 from .node_takes import PickTake
 from .node_voice import ExtractSpeakerEmbedding, LoadVoice, SaveVoice
@@ -14,7 +16,8 @@ from .node_voice import ExtractSpeakerEmbedding, LoadVoice, SaveVoice
 log = logging.getLogger(__name__)
 
 NODES: list[type[io.ComfyNode]] = [LoadQwen3TTS, ExtractSpeakerEmbedding, SaveVoice, LoadVoice, VoiceClone,
-                                   CustomVoice, VoiceDesign, StreamChunks, PickTake]
+                                   CustomVoice, VoiceDesign, StreamChunks, PickTake, Script, SaveSubtitles,
+                                   BlendVoices]
 
 
 def _register_routes() -> None:

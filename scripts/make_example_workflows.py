@@ -21,7 +21,16 @@ LOADER = {"dtype": "auto", "cuda_graphs": "auto", "triton": "auto", "max_takes":
 SIZES = {P + "LoadQwen3TTS": [330, 230], P + "CustomVoice": [400, 420], P + "VoiceDesign": [400, 420],
          P + "VoiceClone": [400, 420], P + "StreamChunks": [400, 470], P + "PickTake": [420, 260],
          P + "ExtractSpeakerEmbedding": [360, 200], P + "SaveVoice": [320, 130], P + "LoadVoice": [320, 130],
+         P + "Script": [460, 560], P + "SaveSubtitles": [320, 110], P + "BlendVoices": [320, 260],
          "LoadAudio": [320, 160], "SaveAudio": [320, 120], "Note": [360, 160]}
+DIALOGUE = """Ava: Did you hear that noise last night?
+Ben [sleepy]: Only the rain. Go back to sleep.
+[pause 0.8s]
+Cleo: It was not the rain. It was me, fixing the roof.
+Ava: At three in the morning?
+[pause 0.5s]
+Cleo [proudly]: Someone had to."""
+CAST = "Ava = Vivian\nBen = Ryan\nCleo = Serena"
 
 
 def note(text):
@@ -112,6 +121,19 @@ WORKFLOWS = {
                     "and the real-time factor (RTF)."),
         },
         "links": [(1, 0, 2, "model"), (2, 0, 3, "audio")],
+    },
+    "qwen3tts_script_dialogue": {
+        "nodes": {
+            1: {"type": P + "LoadQwen3TTS", "widgets": {"checkpoint": "Qwen3-TTS-12Hz-0.6B-CustomVoice", **LOADER}},
+            2: {"type": P + "Script", "widgets": {"script": DIALOGUE, "voices": CAST, "language": "English",
+                                                  "seed": 21, "line_gap": 0.3, "names_in_subtitles": True}},
+            3: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/dialogue"}},
+            4: {"type": P + "SaveSubtitles", "widgets": {"filename_prefix": "qwen3tts/dialogue_subtitles"}},
+            5: note("Three characters, one batch. 'Name: text' per line, [pause 0.8s] on its own line, "
+                    "'Name [instruction]: text' for a line's style (honoured by 1.7B CustomVoice and VoiceDesign). "
+                    "The voices table maps names to preset speakers; on a Base model to voice_1..voice_4."),
+        },
+        "links": [(1, 0, 2, "model"), (2, 0, 3, "audio"), (2, 2, 4, "subtitles")],
     },
 }
 

@@ -13,7 +13,7 @@ import torch
 from _q3support import COMFYUI_DIR, PACK
 
 NODE_IDS = ["LoadQwen3TTS", "ExtractSpeakerEmbedding", "SaveVoice", "LoadVoice", "VoiceClone", "CustomVoice",
-            "VoiceDesign", "StreamChunks", "PickTake"]
+            "VoiceDesign", "StreamChunks", "PickTake", "Script", "SaveSubtitles", "BlendVoices"]
 PREFIX = "Qwen3TTSFast_"
 
 
@@ -101,8 +101,46 @@ def test_generators_share_inputs(comfy):
 
 def test_output_nodes(comfy):
     m = comfy["nodes"].NODE_CLASS_MAPPINGS
-    assert m[PREFIX + "PickTake"].GET_NODE_INFO_V1()["output_node"] is True
-    assert m[PREFIX + "SaveVoice"].GET_NODE_INFO_V1()["output_node"] is True
+    for name in ("PickTake", "SaveVoice", "SaveSubtitles"):
+        assert m[PREFIX + name].GET_NODE_INFO_V1()["output_node"] is True
+
+
+def test_script_and_blend_schemas(comfy):
+    m = comfy["nodes"].NODE_CLASS_MAPPINGS
+    info = m[PREFIX + "Script"].GET_NODE_INFO_V1()
+    assert info["output"] == ["AUDIO", "AUDIO", "STRING"] and info["output_name"] == ["track", "lines", "subtitles"]
+    assert [k for k in info["input"]["optional"] if k.startswith("voice_")] == [f"voice_{i}" for i in range(1, 5)]
+    blend = m[PREFIX + "BlendVoices"].GET_NODE_INFO_V1()
+    assert list(blend["input"]["required"]) == ["voice_1", "weight_1", "voice_2", "weight_2"]
+    assert blend["output"] == ["QWEN3TTS_VOICE"]
+
+
+def _script_prompt(script, voices="Ava = Vivian\nBen = Ryan"):
+    return {"1": {"class_type": PREFIX + "LoadQwen3TTS",
+                  "inputs": {"checkpoint": "Qwen3-TTS-12Hz-0.6B-CustomVoice", "dtype": "auto", "cuda_graphs": "auto",
+                             "triton": "auto", "max_takes": 4}},
+            "2": {"class_type": PREFIX + "Script",
+                  "inputs": {"model": ["1", 0], "script": script, "voices": voices, "language": "English",
+                             "seed": 0, "line_gap": 0.3, "names_in_subtitles": True}}}
+
+
+def test_valid_script_passes(comfy):
+    ok, errors, _ = _validate(comfy, _script_prompt("Ava: Hi.\n\n[pause 1s]\nBen [tired]: Hello."), "2")
+    assert ok is True, errors
+
+
+@pytest.mark.parametrize("script, voices, needle", [
+    ("Ava: Hi.\nZoe: Hello.", None, "script line 2: unknown name 'Zoe'"),
+    ("Ava: Hi.\n\nBen:   ", None, "script line 3: 'Ben' has no text"),
+    ("Ava: Hi.\n[pause soon]", None, "script line 2: malformed tag"),
+    ("Ava: Hi.", "Ava Vivian", "voices line 1"),
+    ("Ava: Hi.", "Ava = Vivian\nBen = Ryan\nAva = Serena", "voices line 3"),
+])
+def test_script_errors_are_node_errors_naming_the_line(comfy, script, voices, needle):
+    prompt = _script_prompt(script) if voices is None else _script_prompt(script, voices)
+    ok, errors, _ = _validate(comfy, prompt, "2")
+    assert ok is False and "custom_validation_failed" in [e["type"] for e in errors]
+    assert needle in json.dumps(errors), errors
 
 
 def test_loader_lists_own_and_foreign_checkpoint_dirs(comfy):

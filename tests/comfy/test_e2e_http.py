@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import time
 from pathlib import Path
 
@@ -72,7 +73,34 @@ EXPECTED = {  # workflow -> {file prefix: number of files}
     "qwen3tts_voice_clone_icl": {"clone_icl": 1},
     "qwen3tts_save_and_load_voice": {"saved_voice": 1},
     "qwen3tts_streaming": {"streaming": 1},
+    "qwen3tts_script_dialogue": {"dialogue": 1},
 }
+SRT_TIME = re.compile(r"(\d\d):(\d\d):(\d\d),(\d{3}) --> (\d\d):(\d\d):(\d\d),(\d{3})")
+
+
+def srt_cues(text):
+    """[(start ms, end ms, text)] of SRT text."""
+    cues = []
+    for block in text.strip().split("\n\n"):
+        _, times, *body = block.split("\n")
+        g = [int(x) for x in SRT_TIME.fullmatch(times).groups()]
+        start, end = (((h * 60 + m) * 60 + s) * 1000 + ms for h, m, s, ms in (g[:4], g[4:]))
+        cues.append((start, end, "\n".join(body)))
+    return cues
+
+
+def check_dialogue(entry, base, track_path):
+    """The SRT file matches the track: 5 lines of 12 frames, the gaps and pauses of the script between them."""
+    srt_out = next(o["subtitles"][0] for o in entry["outputs"].values() if "subtitles" in o)
+    cues = srt_cues((base / "output" / srt_out["subfolder"] / srt_out["filename"]).read_text(encoding="utf-8"))
+    assert [c[2].split(":")[0] for c in cues] == ["Ava", "Ben", "Cleo", "Ava", "Cleo"]
+    assert all(end - start == FRAMES * SPF // 24 for start, end, _ in cues)  # ms
+    assert [b[0] - a[1] for a, b in zip(cues, cues[1:])] == [300, 800, 300, 500]  # line_gap 0.3 s, pause tags
+    x, _ = read_audio(track_path)
+    assert cues[0][0] == 0 and x.size == cues[-1][1] * 24
+    for start, end, _ in cues:
+        assert np.abs(x[start * 24:end * 24]).max() > 0
+        assert end == cues[-1][1] or np.all(x[end * 24:end * 24 + 300 * 24] == 0)  # silence after each line
 
 
 @pytest.mark.parametrize("name", WORKFLOWS)
@@ -86,8 +114,11 @@ def test_example_workflow_runs(server, name):
         for p in paths:
             x, sr = read_audio(p)
             assert sr == 24000
-            assert x.size == FRAMES * SPF, (p, x.size)  # tiny checkpoints never stop early: 12 frames
+            if name != "qwen3tts_script_dialogue":
+                assert x.size == FRAMES * SPF, (p, x.size)  # tiny checkpoints never stop early: 12 frames
             assert np.isfinite(x).all() and np.abs(x).max() > 0
+    if name == "qwen3tts_script_dialogue":
+        check_dialogue(entry, server.base, files["dialogue"][0])
     if name == "qwen3tts_custom_voice_takes":
         pick = next(o for o in entry["outputs"].values() if "qwen3tts_takes" in o)
         assert len(pick["qwen3tts_takes"]) == 4
@@ -197,3 +228,37 @@ def test_wrong_model_type_is_a_node_error_naming_the_right_node(server):
     err = next(m[1] for m in entry["status"]["messages"] if m[0] == "execution_error")
     assert err["node_id"] == "2" and "CustomVoice" in err["exception_message"]
     assert run(server, _custom_prompt(server, 6, takes=1))["status"]["status_str"] == "success"
+
+
+def test_script_on_a_base_model_names_the_voices_line(server):
+    wf = load_wf("qwen3tts_script_dialogue")
+    prompt = ui_to_api.convert(wf, server.object_info)
+    prompt["1"]["inputs"]["checkpoint"] = "Qwen3-TTS-12Hz-0.6B-Base"
+    entry = run(server, prompt)
+    assert entry["status"]["status_str"] == "error"
+    err = next(m[1] for m in entry["status"]["messages"] if m[0] == "execution_error")
+    assert err["node_id"] == "2" and "voices line 1 (Ava = Vivian): on a Base model" in err["exception_message"]
+
+
+def test_blend_voices_node_mixes_xvector_and_icl_and_saves(server):
+    loader = {"checkpoint": "Qwen3-TTS-12Hz-0.6B-Base", "dtype": "auto", "cuda_graphs": "auto", "triton": "auto",
+              "max_takes": 4}
+    prompt = {
+        "1": {"class_type": "Qwen3TTSFast_LoadQwen3TTS", "inputs": loader},
+        "2": {"class_type": "LoadAudio", "inputs": {"audio": "qwen3tts_reference.wav"}},
+        "3": {"class_type": "Qwen3TTSFast_ExtractSpeakerEmbedding",
+              "inputs": {"model": ["1", 0], "audio": ["2", 0], "batch_index": 0, "ref_text": ""}},
+        "4": {"class_type": "Qwen3TTSFast_ExtractSpeakerEmbedding",
+              "inputs": {"model": ["1", 0], "audio": ["2", 0], "batch_index": 0, "ref_text": "Some words."}},
+        "5": {"class_type": "Qwen3TTSFast_BlendVoices",
+              "inputs": {"voice_1": ["3", 0], "weight_1": 1.0, "voice_2": ["4", 0], "weight_2": 3.0}},
+        "6": {"class_type": "Qwen3TTSFast_SaveVoice", "inputs": {"voice": ["5", 0], "name": "blended_test",
+                                                                  "overwrite": True}},
+    }
+    entry = run(server, prompt)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    assert entry["outputs"]["5"]["text"] == ["voice_1 25%, voice_2 75% (voice_2: ICL, blended by x-vector only)"]
+    from engine import Voice
+
+    saved = Voice.load(server.base / "models" / "qwen3_tts" / "voices" / "blended_test.safetensors")
+    assert not saved.is_icl and saved.width > 0

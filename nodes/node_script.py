@@ -1,0 +1,105 @@
+"""Script (a dialogue or narration, one `Name: text` per line, with pauses) and SaveSubtitles."""
+from __future__ import annotations
+
+import os
+
+from . import common
+from .comfy_api_compat import io
+from .script_cast import VOICE_SLOTS, line_requests
+from .script_parse import ScriptError, Utterance, check_names, parse_cast, parse_script
+from .script_run import run_script
+from .types import CATEGORY, PREFIX, Qwen3TTSVoice
+
+EXAMPLE_SCRIPT = "Alice: Did you hear that?\nBob [whispering]: Hear what?\n[pause 0.8s]\nAlice: Exactly."
+EXAMPLE_VOICES = "Alice = Vivian\nBob = Ryan"
+
+
+def _parse(script: str, voices: str):
+    events, cast = parse_script(script), parse_cast(voices)
+    check_names(events, cast)
+    return events, cast
+
+
+class Script(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=PREFIX + "Script", display_name="Qwen3-TTS Script", category=CATEGORY,
+            description="Speaks a script: one 'Name: text' per line, 'Name [instruction]: text' for a line's own "
+                        "style, '[pause 0.8s]' on its own line for a pause. The voices table gives every name a "
+                        "voice: a preset speaker (CustomVoice), voice_1..voice_4 (Base, from the VOICE inputs) or "
+                        "a voice description (VoiceDesign). All lines are generated as one batch. Outputs the "
+                        "whole track, every line as one AUDIO batch, and SRT subtitles.",
+            inputs=[common.model_input(),
+                    io.String.Input("script", multiline=True, default=EXAMPLE_SCRIPT,
+                                    tooltip="One utterance per line: 'Name: text' or 'Name [instruction]: text'. "
+                                            "'[pause 0.8s]' or '[pause 800ms]' on its own line. Blank lines and "
+                                            "lines starting with # are skipped."),
+                    io.String.Input("voices", multiline=True, default=EXAMPLE_VOICES,
+                                    tooltip="One 'Name = voice' per line. CustomVoice: a preset speaker (Ryan). "
+                                            "Base: voice_1 .. voice_4 (the VOICE inputs below, x-vector or ICL). "
+                                            "VoiceDesign: a description of the voice."),
+                    common.language_input(), common.seed_input(),
+                    io.Float.Input("line_gap", default=0.3, min=0.0, max=10.0, step=0.01,
+                                   tooltip="Seconds of silence between two lines where no pause tag stands."),
+                    io.Boolean.Input("names_in_subtitles", default=True,
+                                     tooltip="Start every subtitle with the speaker's name ('Alice: ...')."),
+                    *[Qwen3TTSVoice.Input(slot, optional=True,
+                                          tooltip=f"A VOICE for names mapped to {slot} (Base models).")
+                      for slot in VOICE_SLOTS],
+                    *common.advanced_inputs()],
+            outputs=[io.Audio.Output(display_name="track", tooltip="The whole script as one AUDIO at 24 kHz."),
+                     io.Audio.Output(display_name="lines",
+                                     tooltip="Every line as one AUDIO batch [lines, 1, samples], zero-padded, "
+                                             "with each line's length (PickTake picks one)."),
+                     io.String.Output(display_name="subtitles",
+                                      tooltip="SRT subtitles: every line's start and end in the track.")])
+
+    @classmethod
+    def validate_inputs(cls, script=None, voices=None, language=None) -> bool | str:
+        if script is not None and voices is not None:
+            try:
+                _parse(script, voices)
+            except ScriptError as exc:
+                return str(exc)
+        return common.check_combo("language", language, common.LANGUAGES)
+
+    @classmethod
+    def execute(cls, model, script, voices, language, seed, line_gap, names_in_subtitles, voice_1=None,
+                voice_2=None, voice_3=None, voice_4=None, **adv) -> io.NodeOutput:
+        slots = dict(zip(VOICE_SLOTS, (voice_1, voice_2, voice_3, voice_4)))
+        try:
+            events, cast = _parse(script, voices)
+            lines = [e for e in events if isinstance(e, Utterance)]
+            fields = line_requests(lines, cast, model.model_type, common.SPEAKERS, slots)
+        except ScriptError as exc:
+            raise ValueError(f"Script: {exc}") from exc
+        out = run_script("Script", model, events, fields, language, seed, round(float(line_gap) * 1000),
+                         bool(names_in_subtitles), **adv)
+        return io.NodeOutput(out.track, out.lines, out.subtitles)
+
+
+class SaveSubtitles(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=PREFIX + "SaveSubtitles", display_name="Qwen3-TTS Save Subtitles", category=CATEGORY,
+            description="Writes subtitles (SRT text, e.g. from the Script node) to the output folder as "
+                        "<prefix>_00001_.srt, numbered like SaveAudio's files.",
+            is_output_node=True,
+            inputs=[io.String.Input("subtitles", force_input=True, tooltip="SRT text from the Script node."),
+                    io.String.Input("filename_prefix", default="qwen3tts/subtitles",
+                                    tooltip="Path under the output folder, without extension.")],
+            outputs=[])
+
+    @classmethod
+    def execute(cls, subtitles, filename_prefix) -> io.NodeOutput:
+        import folder_paths
+
+        out_dir = folder_paths.get_output_directory()
+        folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, out_dir)
+        fname = f"{name}_{counter:05}_.srt"
+        with open(os.path.join(folder, fname), "w", encoding="utf-8") as f:
+            f.write(subtitles)
+        return io.NodeOutput(ui={"text": [os.path.join(subfolder, fname)],
+                                 "subtitles": [{"filename": fname, "subfolder": subfolder, "type": "output"}]})
