@@ -83,3 +83,8 @@ def test_blended_voice_saves_loads_and_clones(tiny_checkpoints, tmp_path):
     small = Voice(spk_embedding=torch.zeros(8), model_size="other")
     with pytest.raises(VoiceError):
         blend_voices([loaded, small], [1, 1])
+
+
+def test_errors_use_the_given_labels():
+    with pytest.raises(VoiceError, match="voice_4 was made by .* but voice_1 by"):
+        blend_voices([voice(1), voice(2, size="1b7")], [1, 1], labels=["voice_1", "voice_4"])
