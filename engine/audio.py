@@ -1,24 +1,24 @@
-"""Audio utilities with no audio library: WAV read/write (stdlib), mono mixdown, resampling (torch).
+"""Audio utilities: WAV read/write (stdlib), mono mixdown, resampling (soxr), reference checks.
 
 Layout convention: multichannel audio is [C, T] (channels first), as in ComfyUI's AUDIO waveform. Upstream
 reads files as [T, C] and averages the last axis; `to_mono` does the same average on our layout.
 
-Reference preparation as upstream does it (qwen-tts 0.1.1): mono average, then resample to 24 kHz
-(librosa's default soxr "hq"). No loudness normalisation, no silence trimming, no clipping. Our
-`resample` is a Kaiser-windowed sinc; its deviation from soxr is measured in tests/test_audio.py.
+Reference preparation as upstream does it (qwen-tts 0.1.1): mono average, then resample to 24 kHz with
+soxr HQ and librosa's output length, which gives upstream's samples bit for bit
+(tests/test_resample_parity.py). No loudness normalisation, no silence trimming, no clipping.
 """
 from __future__ import annotations
 
 import math
 import struct
 import wave
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import soxr
 import torch
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, ReferenceAudioError
 
 # WAVE format tags (RIFF "fmt " chunk).
 _FMT_PCM = 0x0001
@@ -26,6 +26,7 @@ _FMT_FLOAT = 0x0003
 _FMT_EXTENSIBLE = 0xFFFE
 
 MIN_REFERENCE_SECONDS = 1.0
+MIN_REFERENCE_RATE, MAX_REFERENCE_RATE = 4000, 768000  # Hz: below, no speech band is left; above, no recorder
 SILENCE_PEAK = 1e-4
 
 
@@ -143,106 +144,85 @@ def to_mono(x):
 # ----------------------------------------------------------------------------------------------------------
 # Resampling
 # ----------------------------------------------------------------------------------------------------------
-# Band-limited interpolation with a Kaiser-windowed sinc, run as one strided conv1d over all output phases.
-# With up = sr_out/g and down = sr_in/g, output n sits at input time n*down/up. Writing n = p + up*q, its
-# taps start at q*down + floor(p*down/up), so each phase p is a conv with stride `down` and its own kernel.
-
-_ZERO_CROSSINGS = 64  # sinc half-width in zero crossings of the (lower-rate) cutoff
-_ROLLOFF = 0.945  # cutoff as a fraction of the lower Nyquist frequency
-_KAISER_BETA = 12.0  # about 115-120 dB stopband
-
-
-@lru_cache(maxsize=16)
-def _polyphase_kernels(up: int, down: int) -> tuple[np.ndarray, int]:
-    """Kernels [up, 1, K] (float64) and the left padding for a rational resampler up/down."""
-    cutoff = min(1.0, up / down) * _ROLLOFF  # in cycles per input sample x2 (1.0 = input Nyquist)
-    half_width = _ZERO_CROSSINGS / cutoff  # input samples
-    reach = int(math.ceil(half_width)) + 1
-    m = np.arange(-reach, down + reach, dtype=np.float64)  # tap offsets relative to q*down
-    kernels = np.zeros((up, 1, m.size), dtype=np.float64)
-    for p in range(up):
-        t = p * down / up  # fractional output time relative to q*down
-        tau = t - m
-        window = np.zeros_like(tau)
-        inside = np.abs(tau) < half_width
-        window[inside] = np.i0(_KAISER_BETA * np.sqrt(1.0 - (tau[inside] / half_width) ** 2)) / np.i0(_KAISER_BETA)
-        kernels[p, 0] = cutoff * np.sinc(cutoff * tau) * window
-    return kernels, reach
-
 
 def resample(x, sr_in: int, sr_out: int) -> torch.Tensor:
-    """Resample along the last axis from sr_in to sr_out (Hz). x: Tensor [..., T] (numpy is converted).
-
-    Output length is ceil(T * (sr_out / sr_in)) evaluated in float64, exactly as librosa.resample computes
-    it (upstream's resampler): the float ratio can add one sample (44100 -> 24000 turns 88200 samples into
-    48001), and the codec's frame count ceil(len / 1920) depends on it. Samples beyond the ends count as
-    zeros. Float64 input is processed in float64, anything else in float32.
-    """
-    if not isinstance(x, torch.Tensor):
-        x = torch.from_numpy(np.ascontiguousarray(x))
+    """Resample mono audio [T] (torch or numpy) from sr_in to sr_out Hz as upstream does: librosa.resample's
+    default, soxr "HQ" on float32 samples, padded with zeros or cut to ceil(T * (sr_out / sr_in)) evaluated
+    in float64. soxr alone can be a sample short (32 kHz -> 24 kHz), and the codec's frame count
+    ceil(len / 1920) depends on the length, so the length rule is part of the parity."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to("cpu", torch.float32).numpy()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 1:
+        raise ReferenceAudioError(f"resample expects mono audio shaped [T], got shape {tuple(x.shape)}.")
     sr_in, sr_out = int(sr_in), int(sr_out)
-    if sr_in <= 0 or sr_out <= 0:
-        raise InvalidInputError(f"sample rates must be positive (got {sr_in} -> {sr_out}).")
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    x = x.to(dtype)
     if sr_in == sr_out:
-        return x
-    g = math.gcd(sr_in, sr_out)
-    up, down = sr_out // g, sr_in // g
-    if up > 4096:
-        raise InvalidInputError(
-            f"cannot resample {sr_in} Hz -> {sr_out} Hz: the rates share no convenient ratio; "
-            "resample the file to a standard rate (e.g. 24000, 44100 or 48000 Hz) first."
-        )
-    kernels, reach = _polyphase_kernels(up, down)
-    weight = torch.from_numpy(kernels).to(device=x.device, dtype=dtype)
-    lead, length = x.shape[:-1], x.shape[-1]
-    n_out = int(math.ceil(length * (sr_out / sr_in)))
-    n_q = -(-n_out // up)
-    k = weight.shape[-1]
-    need = (n_q - 1) * down + k
-    flat = x.reshape(-1, 1, length)
-    flat = torch.nn.functional.pad(flat, (reach, max(0, need - length - reach)))
-    y = torch.nn.functional.conv1d(flat, weight, stride=down)  # [N, up, n_q]
-    y = y.transpose(1, 2).reshape(flat.shape[0], -1)[:, :n_out]
-    return y.reshape(*lead, n_out)
+        return torch.from_numpy(x.copy())
+    try:
+        y = soxr.resample(x, sr_in, sr_out, "HQ")
+    except (ValueError, RuntimeError) as exc:
+        raise ReferenceAudioError(
+            f"cannot resample {x.shape[0]} samples from {sr_in} Hz to {sr_out} Hz ({exc}); "
+            "convert the file to 16-bit PCM WAV at 24000 or 48000 Hz and try again."
+        ) from exc
+    n_out = math.ceil(x.shape[0] * (sr_out / sr_in))
+    out = np.zeros(n_out, dtype=np.float32)
+    out[: min(n_out, y.shape[0])] = y[:n_out]
+    return torch.from_numpy(out)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Reference audio
 # ----------------------------------------------------------------------------------------------------------
 
-def validate_reference(x, sr: int) -> None:
-    """Raise InvalidInputError unless x (mono [T] or [C, T], torch or numpy) is usable reference audio."""
+def _reference_rate(sr) -> int:
+    """The sample rate as an int, if it is a whole number of Hz that a recording can have."""
+    try:
+        rate = float(sr)
+    except (TypeError, ValueError):
+        rate = float("nan")
+    if not math.isfinite(rate) or rate != int(rate) or not MIN_REFERENCE_RATE <= rate <= MAX_REFERENCE_RATE:
+        raise ReferenceAudioError(
+            f"reference audio has an invalid sample rate ({sr!r}); it must be a whole number of Hz from "
+            f"{MIN_REFERENCE_RATE} to {MAX_REFERENCE_RATE}. Check the file's header or the node that produced it."
+        )
+    return int(rate)
+
+
+def validate_reference(x, sr: int) -> int:
+    """Raise ReferenceAudioError unless x (mono [T] or [C, T], torch or numpy) at sr Hz is usable reference
+    audio; return the rate as an int."""
     if isinstance(x, torch.Tensor):
         x = x.detach().to("cpu", torch.float32).numpy()
     x = np.asarray(x, dtype=np.float32)
-    if x.ndim not in (1, 2) or x.size == 0:
-        raise InvalidInputError(
+    if x.ndim not in (1, 2):
+        raise ReferenceAudioError(
             f"reference audio must be a waveform shaped [T] or [channels, T]; got shape {tuple(x.shape)}."
         )
-    if not sr or sr <= 0:
-        raise InvalidInputError(f"reference audio has an invalid sample rate ({sr}); pass the file's real rate.")
+    if x.size == 0:
+        raise ReferenceAudioError("reference audio is empty (no samples); check the file or the node that produced it.")
+    sr = _reference_rate(sr)
     if not np.isfinite(x).all():
-        raise InvalidInputError(
+        raise ReferenceAudioError(
             "reference audio contains NaN or Inf samples; re-export it or check the node that produced it."
         )
     seconds = x.shape[-1] / float(sr)
     if seconds < MIN_REFERENCE_SECONDS:
-        raise InvalidInputError(
+        raise ReferenceAudioError(
             f"reference audio is {seconds:.2f} s long, shorter than {MIN_REFERENCE_SECONDS:g} s; use at least "
             f"{MIN_REFERENCE_SECONDS:g} s (3-10 s of clean speech from one speaker works best)."
         )
     peak = float(np.abs(x).max())
     if peak < SILENCE_PEAK:
-        raise InvalidInputError(
+        raise ReferenceAudioError(
             f"reference audio is silent (peak {peak:.1e}); check the file, the input channel, or the volume."
         )
+    return sr
 
 
 def prepare_reference(x, sr: int, target_sr: int = 24000) -> torch.Tensor:
     """Mix to mono, validate and resample to target_sr: the preparation upstream applies (no normalising).
     Validating the mono mix also rejects stereo whose channels cancel out."""
     x = to_mono(x)
-    validate_reference(x, sr)
-    return resample(torch.as_tensor(x, dtype=torch.float32), int(sr), target_sr).contiguous()
+    sr = validate_reference(x, sr)
+    return resample(x, sr, target_sr)

@@ -13,6 +13,11 @@ class InvalidInputError(Qwen3TTSError, ValueError):
     """A request argument (text, speaker, language, audio, sampling value) is unusable."""
 
 
+class ReferenceAudioError(InvalidInputError):
+    """Reference audio for a voice is unusable: empty, silent, too short, not finite, or at a rate that cannot
+    be resampled."""
+
+
 class ModeError(Qwen3TTSError, ValueError):
     """The requested mode does not exist on this checkpoint (e.g. clone on a CustomVoice model)."""
 

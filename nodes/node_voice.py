@@ -44,7 +44,7 @@ class ExtractSpeakerEmbedding(io.ComfyNode):
         wav = batch_item(audio, int(batch_index))
         engine = engine_cache.acquire(model.key)
         with engine_errors("ExtractSpeakerEmbedding"):  # the engine strips ref_text; empty means x-vector only
-            voice = engine.extract_voice(wav, int(audio["sample_rate"]), ref_text=ref_text)
+            voice = engine.extract_voice(wav, audio["sample_rate"], ref_text=ref_text)
         return io.NodeOutput(voice)
 
 

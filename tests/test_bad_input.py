@@ -77,6 +77,34 @@ def test_bad_reference_audio(engines, wave, reason):
         engines["base"].extract_voice(wave, 24000)
 
 
+def _wav(path, samples: np.ndarray, sr: int, float32: bool = False):
+    """A mono WAV file whose header says `sr` Hz, written by hand (wave refuses odd rates and float data)."""
+    import struct
+
+    payload = samples.astype("<f4" if float32 else "<i2").tobytes()
+    tag, bits = (3, 32) if float32 else (1, 16)
+    fmt = struct.pack("<HHIIHH", tag, 1, sr, sr * bits // 8, bits // 8, bits)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(payload)) + payload
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    return path
+
+
+@pytest.mark.parametrize("name,samples,sr,float32,reason", [
+    ("empty", np.zeros(0), 24000, False, "empty"),
+    ("nan", np.where(np.arange(48000) == 7, np.nan, 0.2), 24000, True, "NaN"),
+    ("one_hertz", np.full(10, 3000), 1, False, "invalid sample rate"),
+    ("giga_hertz", np.full(48000, 3000), 2_000_000_000, False, "invalid sample rate"),
+])
+def test_bad_reference_files(engines, tmp_path, name, samples, sr, float32, reason):
+    """Files that soxr could not resample (or should not) are a ReferenceAudioError, never a crash."""
+    from engine.audio import load_wav
+    from engine.errors import ReferenceAudioError
+
+    x, rate = load_wav(_wav(tmp_path / f"{name}.wav", samples, sr, float32))
+    with pytest.raises(ReferenceAudioError, match=reason):
+        engines["base"].extract_voice(x, rate, ref_text="Some words.")
+
+
 def test_max_new_tokens_must_be_positive(engines):
     e = engines["custom_voice"]
     for n in (0, -5):

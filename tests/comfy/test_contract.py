@@ -253,3 +253,26 @@ def test_the_pinned_v3_api_module_is_used(comfy):
     assert compat.API_MODULE == "comfy_api.v0_0_2" and compat.io is comfy_api.v0_0_2.io
     spec = compat.advanced(compat.io.Int.Input("n", default=0, tooltip="t")).as_dict()
     assert spec["advanced"] is True and spec["tooltip"] == "t"
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("waveform,rate,needle", [
+    (torch.zeros(1, 1, 0), 24000, "empty"),
+    (torch.full((1, 1, 48000), float("nan")), 24000, "NaN"),
+    (torch.full((1, 2, 48000), 0.2), 1, "invalid sample rate"),
+    (torch.full((1, 1, 48000), 0.2), 10**10, "invalid sample rate"),
+])
+def test_unusable_reference_audio_is_a_node_error(comfy, tmp_path_factory, waveform, rate, needle):
+    """Reference AUDIO that cannot be resampled: an error naming the node and what is wrong, not a crash."""
+    from engine.checkpoint.writer import ensure_random_checkpoint
+
+    ckpt = tmp_path_factory.getbasetemp() / "bad_ref_base"
+    ensure_random_checkpoint(ckpt, "tiny", "base")
+    cache = _pack_module("engine_cache")
+    key = cache.EngineKey(model_dir=str(ckpt), device="cpu", dtype="fp32", cuda_graphs="off", triton="off",
+                          max_takes=1)
+    ref = cache.ModelRef(key=key, name="bad_ref_base", model_type="base")
+    node = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "ExtractSpeakerEmbedding"]
+    with pytest.raises(RuntimeError, match=f"ExtractSpeakerEmbedding: reference audio.*{needle}"):
+        node.execute(ref, {"waveform": waveform, "sample_rate": rate}, 0, ref_text="Some words.")
+    cache.release(key)
