@@ -262,3 +262,56 @@ def test_blend_voices_node_mixes_xvector_and_icl_and_saves(server):
 
     saved = Voice.load(server.base / "models" / "qwen3_tts" / "voices" / "blended_test.safetensors")
     assert not saved.is_icl and saved.width > 0
+
+
+def test_script_on_a_base_model_with_xvector_and_icl_voices_and_split_lines(server):
+    """Base model: names map to VOICE inputs; lines longer than max_segment_chars are split and joined."""
+    from _q3support import load_pure
+
+    split_text = load_pure("text_split").split_text
+    loader = {"checkpoint": "Qwen3-TTS-12Hz-0.6B-Base", "dtype": "auto", "cuda_graphs": "auto", "triton": "auto",
+              "max_takes": 4}
+    lines = ["Ava: One short line.", "Ben: A longer line. It has two sentences, and a clause or two."]
+    prompt = {
+        "1": {"class_type": "Qwen3TTSFast_LoadQwen3TTS", "inputs": loader},
+        "2": {"class_type": "LoadAudio", "inputs": {"audio": "qwen3tts_reference.wav"}},
+        "3": {"class_type": "Qwen3TTSFast_ExtractSpeakerEmbedding",
+              "inputs": {"model": ["1", 0], "audio": ["2", 0], "batch_index": 0, "ref_text": ""}},
+        "4": {"class_type": "Qwen3TTSFast_ExtractSpeakerEmbedding",
+              "inputs": {"model": ["1", 0], "audio": ["2", 0], "batch_index": 0, "ref_text": "Some words."}},
+        "5": {"class_type": "Qwen3TTSFast_Script",
+              "inputs": {"model": ["1", 0], "script": "\n".join(lines), "voices": "Ava = voice_1\nBen = voice 2",
+                         "language": "English", "seed": 3, "line_gap": 0.25, "names_in_subtitles": False,
+                         "voice_1": ["3", 0], "voice_2": ["4", 0], "max_segment_chars": 25}},
+        "6": {"class_type": "Qwen3TTSFast_PickTake", "inputs": {"audio": ["5", 1], "index": 0}},
+        "8": {"class_type": "SaveAudio", "inputs": {"audio": ["6", 0], "filename_prefix": "qwen3tts/script_line"}},
+        "7": {"class_type": "Qwen3TTSFast_SaveSubtitles",
+              "inputs": {"subtitles": ["5", 2], "filename_prefix": "qwen3tts/script_lines"}},
+    }
+    entry = run(server, prompt)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    srt_out = entry["outputs"]["7"]["subtitles"][0]
+    cues = srt_cues((server.base / "output" / srt_out["subfolder"] / srt_out["filename"]).read_text())
+    texts = [line.split(": ", 1)[1] for line in lines]
+    assert [c[2] for c in cues] == texts  # names_in_subtitles off
+    pieces = [len(split_text(t, 25)) for t in texts]
+    assert pieces[0] == 1 and pieces[1] >= 3
+    # every piece is 12 frames (960 ms); pieces of one line are joined with the generators' 120 ms gap
+    assert [end - start for start, end, _ in cues] == [n * 960 + (n - 1) * 120 for n in pieces]
+    assert cues[1][0] - cues[0][1] == 250
+    takes = entry["outputs"]["6"]["qwen3tts_takes"]  # the lines output carries each line's length
+    assert [t["samples"] for t in takes] == [(e - s) * 24 for s, e, _ in cues]
+    (line0,) = [f for f in client.output_files(entry, server.base) if "script_line" in f.name]
+    assert read_audio(line0)[0].size == (cues[0][1] - cues[0][0]) * 24
+
+
+def test_script_on_a_voice_design_model_uses_descriptions(server):
+    wf = load_wf("qwen3tts_script_dialogue")
+    prompt = ui_to_api.convert(wf, server.object_info)
+    prompt["1"]["inputs"]["checkpoint"] = "Qwen3-TTS-12Hz-1.7B-VoiceDesign"
+    prompt["2"]["inputs"]["voices"] = ("Ava = A bright young woman.\nBen = A tired old man, slow.\n"
+                                       "Cleo = A proud craftswoman.")
+    entry = run(server, prompt)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    files = outputs_by_prefix(entry, server.base)
+    check_dialogue(entry, server.base, files["dialogue"][0])
