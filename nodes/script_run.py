@@ -18,7 +18,7 @@ from .sampling import sampling_changes
 from .script_parse import Pause, Utterance
 from .script_track import assemble
 from .srt import to_srt
-from .text_split import PROMPT_OVERHEAD, segment_budget, split_text
+from .text_split import DEFAULT_MAX_UNITS, PROMPT_OVERHEAD, segment_budget, split_text
 
 
 @dataclass
@@ -36,7 +36,8 @@ def _overhead(fields: dict) -> int:
 
 
 def run_script(node: str, ref, events: list[Utterance | Pause], fields: list[dict], language: str, seed: int,
-               gap_ms: int, names_in_subtitles: bool, max_segment_chars: int, **widgets) -> ScriptResult:
+               gap_ms: int, names_in_subtitles: bool, max_segment_chars: int = DEFAULT_MAX_UNITS,
+               **widgets) -> ScriptResult:
     """`fields[i]` holds the request fields (script_cast.line_requests) of the i-th utterance of `events`."""
     from ..engine import BatchItem, Request
 

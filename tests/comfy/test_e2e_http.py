@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import re
 import time
@@ -95,7 +96,7 @@ def check_dialogue(entry, base, track_path):
     cues = srt_cues((base / "output" / srt_out["subfolder"] / srt_out["filename"]).read_text(encoding="utf-8"))
     assert [c[2].split(":")[0] for c in cues] == ["Ava", "Ben", "Cleo", "Ava", "Cleo"]
     assert all(end - start == FRAMES * SPF // 24 for start, end, _ in cues)  # ms
-    assert [b[0] - a[1] for a, b in zip(cues, cues[1:])] == [300, 800, 300, 500]  # line_gap 0.3 s, pause tags
+    assert [b[0] - a[1] for a, b in itertools.pairwise(cues)] == [300, 800, 300, 500]  # line_gap 0.3 s, pause tags
     x, _ = read_audio(track_path)
     assert cues[0][0] == 0 and x.size == cues[-1][1] * 24
     for start, end, _ in cues:

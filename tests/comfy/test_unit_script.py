@@ -121,15 +121,14 @@ def test_track_layout_gaps_and_pauses():
                          "B: four\n[pause 1s]")
     clips = _clips(4)
     t = track_mod.assemble(ev, clips, SR, gap_ms=300)
-    ms = lambda x: x * SR // 1000  # noqa: E731
-    silences = [ms(500), ms(300), ms(800), ms(300)]
+    silences = [ms * SR // 1000 for ms in (500, 300, 800, 300)]
     pos = 0
     for (start, end), clip, sil in zip(t.spans, clips, silences):
         assert start == pos + sil and end == start + clip.numel()
         assert torch.equal(t.waveform[start:end], clip)
         assert torch.all(t.waveform[pos:start] == 0)
         pos = end
-    assert t.waveform.numel() == pos + ms(1000) and torch.all(t.waveform[pos:] == 0)
+    assert t.waveform.numel() == pos + SR and torch.all(t.waveform[pos:] == 0)
 
 
 TIMES = re.compile(r"(\d\d):(\d\d):(\d\d),(\d{3}) --> (\d\d):(\d\d):(\d\d),(\d{3})")
