@@ -3,7 +3,8 @@
 ComfyUI's AUDIO is `{"waveform": float32 [B, C, T], "sample_rate": int}`. Our generators put N takes in
 the batch, zero-padded to the longest, and carry every take's real length under `LENGTHS_KEY`, so that
 PickTake and the web players can trim the padding. Nodes that rebuild the dict drop the key; then every
-take is taken at full length.
+take is taken at full length. `ORIGIN_KEY` says where the takes come from (the node, its seed and first
+take: take i is the engine's stream (seed, first_take + i)), so PickTake can show what re-renders a take.
 
 Long text is generated as several segments; `join_segments` (whole takes) and `StreamJoiner` (streamed
 chunks of one take) join them identically: a short raised-cosine fade at each inner boundary plus a
@@ -17,13 +18,16 @@ import math
 import torch
 
 LENGTHS_KEY = "qwen3tts_lengths"
+ORIGIN_KEY = "qwen3tts_origin"
 SAMPLE_RATE = 24000
 FADE_S = 0.005
 GAP_S = 0.12
 
 
-def make_audio(waveform: torch.Tensor, lengths: list[int], sample_rate: int = SAMPLE_RATE) -> dict:
-    """[N, T] (or [T]) float audio + per-take lengths -> AUDIO dict with waveform [N, 1, T] on the CPU."""
+def make_audio(waveform: torch.Tensor, lengths: list[int], sample_rate: int = SAMPLE_RATE,
+               origin: dict | None = None) -> dict:
+    """[N, T] (or [T]) float audio + per-take lengths (+ origin {node, seed, first_take}) -> AUDIO dict with
+    waveform [N, 1, T] on the CPU."""
     if waveform.dim() == 1:
         waveform = waveform.unsqueeze(0)
     if waveform.dim() != 2:
@@ -35,7 +39,10 @@ def make_audio(waveform: torch.Tensor, lengths: list[int], sample_rate: int = SA
     wav = waveform.detach().to("cpu", torch.float32).clone()
     for i, n_i in enumerate(lengths):
         wav[i, n_i:] = 0.0
-    return {"waveform": wav.unsqueeze(1).contiguous(), "sample_rate": int(sample_rate), LENGTHS_KEY: lengths}
+    audio = {"waveform": wav.unsqueeze(1).contiguous(), "sample_rate": int(sample_rate), LENGTHS_KEY: lengths}
+    if origin is not None:
+        audio[ORIGIN_KEY] = dict(origin)
+    return audio
 
 
 def take_lengths(audio: dict) -> list[int]:
@@ -48,15 +55,27 @@ def take_lengths(audio: dict) -> list[int]:
     return [t] * n
 
 
+def take_origin(audio: dict, index: int) -> dict | None:
+    """{node, seed, take} of take `index` (take = the first_take that renders it alone), or None."""
+    origin = audio.get(ORIGIN_KEY)
+    if not isinstance(origin, dict) or "seed" not in origin or "first_take" not in origin:
+        return None
+    return {"node": origin.get("node"), "seed": int(origin["seed"]), "take": int(origin["first_take"]) + index}
+
+
 def pick_take(audio: dict, index: int) -> dict:
-    """One take of a batch as its own AUDIO [1, C, length], padding trimmed."""
+    """One take of a batch as its own AUDIO [1, C, length], padding trimmed (its origin follows it)."""
     wav = audio["waveform"]
     n = wav.shape[0]
     if not 0 <= index < n:
         raise IndexError(f"take index {index} is out of range: the batch has {n} take(s), indices 0..{n - 1}")
     length = take_lengths(audio)[index]
-    return {"waveform": wav[index:index + 1, :, :length].clone(), "sample_rate": audio["sample_rate"],
-            LENGTHS_KEY: [length]}
+    out = {"waveform": wav[index:index + 1, :, :length].clone(), "sample_rate": audio["sample_rate"],
+           LENGTHS_KEY: [length]}
+    origin = take_origin(audio, index)
+    if origin is not None:
+        out[ORIGIN_KEY] = {"node": origin["node"], "seed": origin["seed"], "first_take": origin["take"]}
+    return out
 
 
 def batch_item(audio: dict, index: int) -> torch.Tensor:

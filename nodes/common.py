@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from . import sampling
-from .comfy_api_compat import io
+from .comfy_api_compat import advanced, io
 from .text_split import DEFAULT_MAX_UNITS
 from .types import Qwen3TTSModel
 
@@ -15,6 +15,7 @@ NODE_OF_TYPE = {"base": "VoiceClone (with ExtractSpeakerEmbedding or LoadVoice)"
 TYPE_NAME = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
 MAX_TAKES = 16
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
+FIRST_TAKE_MAX = 0xFFFFFFFF  # the engine's take indices are 32-bit (engine.sampling.check_take_range)
 
 
 def model_input() -> io.Input:
@@ -40,6 +41,13 @@ def seed_input() -> io.Input:
 def takes_input() -> io.Input:
     return io.Int.Input("takes", default=1, min=1, max=MAX_TAKES,
                         tooltip="How many takes to generate at once (one batch). Pick one with PickTake.")
+
+
+def first_take_input() -> io.Input:
+    return advanced(io.Int.Input(
+        "first_take", default=0, min=0, max=FIRST_TAKE_MAX, optional=True,
+        tooltip="Take i of this run is take first_take + i of the seed. To render take 3 of a run again on "
+                "its own (longer text, another chunk size), keep the seed and set takes 1, first_take 3."))
 
 
 def advanced_inputs() -> list[io.Input]:
@@ -76,7 +84,9 @@ def check_combo(name: str, value, options: list[str]) -> bool | str:
 
 
 def check_generator(text, language, speaker=None) -> bool | str:
-    """validate_inputs of the generator nodes: the first failing check's message, else True."""
+    """validate_inputs of the generator nodes: the first failing check's message, else True. (Numeric
+    inputs are left out on purpose: ComfyUI skips its own min/max check for every input named here; the
+    first_take + takes range is checked by the Job before the engine loads.)"""
     for check in (check_text(text), check_combo("language", language, LANGUAGES),
                   check_combo("speaker", speaker, SPEAKERS)):
         if check is not True:

@@ -15,7 +15,8 @@ def _outputs():
 
 
 def _common_tail():
-    return [common.language_input(), common.seed_input(), common.takes_input(), *common.advanced_inputs()]
+    return [common.language_input(), common.seed_input(), common.takes_input(), common.first_take_input(),
+            *common.advanced_inputs()]
 
 
 class VoiceClone(io.ComfyNode):

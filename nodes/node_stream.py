@@ -52,7 +52,7 @@ class StreamChunks(io.ComfyNode):
                                             "description."),
                     Qwen3TTSVoice.Input("voice", optional=True,
                                         tooltip="Base checkpoints: the voice to clone (required for Base)."),
-                    *common.advanced_inputs()],
+                    common.first_take_input(), *common.advanced_inputs()],
             outputs=[io.Audio.Output(display_name="audio", tooltip="The whole streamed take, [1, 1, samples].")])
 
     @classmethod

@@ -21,14 +21,14 @@ from .text_split import DEFAULT_MAX_UNITS, PROMPT_OVERHEAD, segment_budget, spli
 
 
 def _engine_api():
-    from ..engine import Request, errors
-    return Request, errors
+    from ..engine import Request, check_take_range, errors
+    return Request, errors, check_take_range
 
 
 @contextlib.contextmanager
 def engine_errors(label: str):
     """Map the engine's typed errors to what ComfyUI expects: its interrupt, or a RuntimeError naming the node."""
-    _, errors = _engine_api()
+    _, errors, _ = _engine_api()
     try:
         yield
     except errors.GenerationInterrupted:
@@ -49,11 +49,14 @@ class Job:
     """Everything a generator node asked for, resolved against the engine."""
 
     def __init__(self, node: str, ref, mode: str, text: str, language: str, speaker=None, instruct=None,
-                 voice=None, seed: int = 0, takes: int = 1, max_segment_chars: int = DEFAULT_MAX_UNITS, **widgets):
+                 voice=None, seed: int = 0, takes: int = 1, first_take: int = 0,
+                 max_segment_chars: int = DEFAULT_MAX_UNITS, **widgets):
         self.node = node
+        _, _, check_take_range = _engine_api()
         try:  # every check that needs no weights runs before the engine is (re)loaded
             changes = sampling_changes(**widgets)
-        except ValueError as exc:
+            check_take_range(first_take, takes)
+        except ValueError as exc:  # the engine's InvalidInputError is a ValueError too
             raise ValueError(f"{node}: {exc}") from exc
         if takes > ref.key.max_takes:
             raise ValueError(f"{node}: takes={takes} but the model was loaded with max_takes="
@@ -65,7 +68,7 @@ class Job:
         self.engine = engine_cache.acquire(ref.key)
         self.params = self.engine.defaults.replace(**changes)
         self.mode, self.language, self.speaker, self.instruct, self.voice = mode, language, speaker, instruct, voice
-        self.seed, self.takes = int(seed), int(takes)
+        self.seed, self.takes, self.first_take = int(seed), int(takes), int(first_take)
         self.pbar = comfy.utils.ProgressBar(1)
         self.progress = SegmentProgress(len(self.segments), self._report)
 
@@ -74,10 +77,14 @@ class Job:
         mm.throw_exception_if_processing_interrupted()
 
     def request(self, k: int):
-        Request, _ = _engine_api()
+        Request, _, _ = _engine_api()
         # The engine normalises case, blanks and an empty instruct itself.
         return Request(mode=self.mode, text=self.segments[k], language=self.language, speaker=self.speaker,
                        voice=self.voice, instruct=self.instruct)
+
+    def origin(self) -> dict:
+        """Where the takes come from: take i is stream (seed, first_take + i) of every text segment."""
+        return {"node": self.node, "seed": self.seed, "first_take": self.first_take}
 
     def seed_for(self, k: int) -> int:
         return (self.seed + k) % (1 << 64)
@@ -93,11 +100,12 @@ class Job:
         for k in range(len(self.segments)):
             res = self.call(lambda k=k: self.engine.generate(
                 self.request(k), takes=self.takes, seed=self.seed_for(k), params=self.params,
-                on_progress=self.progress.on_progress, should_stop=mm.processing_interrupted))
+                take_offset=self.first_take, on_progress=self.progress.on_progress,
+                should_stop=mm.processing_interrupted))
             parts.append((res.audio, list(res.lengths)))
             self.progress.next_segment()
         wav, lengths = join_segments(parts, self.engine.sample_rate)
-        return make_audio(wav, lengths, self.engine.sample_rate)
+        return make_audio(wav, lengths, self.engine.sample_rate, self.origin())
 
     def stream(self, chunk_frames: int, send: Callable[[dict], None]) -> dict:
         """Stream one take; `send` gets every piece as soon as it is ready. Returns the full AUDIO."""
@@ -136,4 +144,4 @@ class Job:
         elapsed = time.perf_counter() - t0
         send({"phase": "end", "chunks": len(pieces), "samples": int(wav.numel()), "elapsed_s": elapsed,
               "ttfa_s": ttfa, "rtf": (wav.numel() / sr) / max(elapsed, 1e-9)})  # x real time, as the engine
-        return make_audio(wav.unsqueeze(0), [wav.numel()], sr)
+        return make_audio(wav.unsqueeze(0), [wav.numel()], sr, self.origin())

@@ -22,7 +22,7 @@ SIZES = {P + "LoadQwen3TTS": [330, 230], P + "CustomVoice": [400, 420], P + "Voi
          P + "VoiceClone": [400, 420], P + "StreamChunks": [400, 470], P + "PickTake": [420, 260],
          P + "ExtractSpeakerEmbedding": [360, 200], P + "SaveVoice": [320, 130], P + "LoadVoice": [320, 130],
          P + "Script": [460, 560], P + "SaveSubtitles": [320, 110], P + "BlendVoices": [320, 260],
-         "LoadAudio": [320, 160], "SaveAudio": [320, 120], "Note": [360, 160]}
+         "LoadAudio": [320, 160], "SaveAudio": [320, 120]}
 DIALOGUE = """Ava: Did you hear that noise last night?
 Ben [sleepy]: Only the rain. Go back to sleep.
 [pause 0.8s]
@@ -33,8 +33,19 @@ Cleo [proudly]: Someone had to."""
 CAST = "Ava = Vivian\nBen = Ryan\nCleo = Serena"
 
 
+FIXED = ("The seed is 'fixed': queueing again with nothing changed re-uses the result instead of "
+         "generating anew. For new takes change the seed (or set it to randomize).")
+NOTE_WIDTH, NOTE_CHARS_PER_LINE, NOTE_LINE_PX = 360, 44, 20  # the Note never gets wider than 360 px
+
+
 def note(text):
     return {"type": "Note", "widgets": {"text": text}}
+
+
+def note_size(text: str) -> list:
+    """Width fixed at NOTE_WIDTH; height from the text's length, so the Note needs no room to the side."""
+    lines = -(-len(text) // NOTE_CHARS_PER_LINE)
+    return [NOTE_WIDTH, max(160, 40 + NOTE_LINE_PX * lines)]
 
 
 WORKFLOWS = {
@@ -46,8 +57,11 @@ WORKFLOWS = {
             3: {"type": P + "PickTake", "widgets": {"index": 0}},
             4: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/custom_voice_picked"}},
             5: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/custom_voice_all_takes"}},
-            6: note("Four takes in one batch. PickTake shows a player per take: press 'use this take' on the "
-                    "best one and queue again - only PickTake re-runs."),
+            6: note("Four takes in one batch. PickTake shows a player, seed and take number per take: press "
+                    "'use this take' on the best one and queue again - only PickTake re-runs, because the seed "
+                    "is 'fixed' (a seed left on randomize would make four new takes; 'use this take' pins it "
+                    "and says so). To render one take alone later, use its seed with takes 1 and first_take = "
+                    "its take number."),
         },
         "links": [(1, 0, 2, "model"), (2, 0, 3, "audio"), (3, 0, 4, "audio"), (2, 0, 5, "audio")],
     },
@@ -60,7 +74,7 @@ WORKFLOWS = {
                 "language": "English", "seed": 7, "takes": 2}},
             3: {"type": P + "PickTake", "widgets": {"index": 0}},
             4: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/voice_design"}},
-            5: note("VoiceDesign: describe the voice in 'instruct' (gender, age, timbre, mood, pace)."),
+            5: note("VoiceDesign: describe the voice in 'instruct' (gender, age, timbre, mood, pace). " + FIXED),
         },
         "links": [(1, 0, 2, "model"), (2, 0, 3, "audio"), (3, 0, 4, "audio")],
     },
@@ -74,7 +88,7 @@ WORKFLOWS = {
             5: {"type": P + "PickTake", "widgets": {"index": 0}},
             6: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/clone_xvector"}},
             7: note("x-vector cloning: only the speaker embedding of the reference is used (ref_text empty). "
-                    "Copy example_workflows/qwen3tts_reference.wav to ComfyUI/input/ or load your own clip."),
+                    "Copy example_workflows/qwen3tts_reference.wav to ComfyUI/input/ or load your own clip. " + FIXED),
         },
         "links": [(1, 0, 3, "model"), (2, 0, 3, "audio"), (1, 0, 4, "model"), (3, 0, 4, "voice"),
                   (4, 0, 5, "audio"), (5, 0, 6, "audio")],
@@ -89,7 +103,7 @@ WORKFLOWS = {
                                                       "takes": 2}},
             5: {"type": P + "PickTake", "widgets": {"index": 0}},
             6: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/clone_icl"}},
-            7: note("ICL cloning: ref_text is the exact transcript of the reference clip."),
+            7: note("ICL cloning: ref_text is the exact transcript of the reference clip. " + FIXED),
         },
         "links": [(1, 0, 3, "model"), (2, 0, 3, "audio"), (1, 0, 4, "model"), (3, 0, 4, "voice"),
                   (4, 0, 5, "audio"), (5, 0, 6, "audio")],
@@ -105,7 +119,7 @@ WORKFLOWS = {
                                                       "language": "English", "seed": 11, "takes": 1}},
             7: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/saved_voice"}},
             8: note("SaveVoice writes models/qwen3_tts/voices/<name>.safetensors. Its 'name' output feeds "
-                    "LoadVoice so the load runs after the save; in other workflows just pick the voice."),
+                    "LoadVoice so the load runs after the save; in other workflows just pick the voice. " + FIXED),
         },
         "links": [(1, 0, 3, "model"), (2, 0, 3, "audio"), (3, 0, 4, "voice"), (1, 0, 5, "model"),
                   (4, 0, 5, "name_override"), (1, 0, 6, "model"), (5, 0, 6, "voice"), (6, 0, 7, "audio")],
@@ -118,7 +132,7 @@ WORKFLOWS = {
                 "language": "English", "seed": 1, "speaker": "Serena", "instruct": ""}},
             3: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/streaming"}},
             4: note("The Stream node's player plays chunks as they arrive and shows time to first audio (TTFA) "
-                    "and the real-time factor (RTF)."),
+                    "and the real-time factor (RTF). " + FIXED),
         },
         "links": [(1, 0, 2, "model"), (2, 0, 3, "audio")],
     },
@@ -131,7 +145,7 @@ WORKFLOWS = {
             4: {"type": P + "SaveSubtitles", "widgets": {"filename_prefix": "qwen3tts/dialogue_subtitles"}},
             5: note("Three characters, one batch. 'Name: text' per line, [pause 0.8s] on its own line, "
                     "'Name [instruction]: text' for a line's style (honoured by 1.7B CustomVoice and VoiceDesign). "
-                    "The voices table maps names to preset speakers; on a Base model to voice_1..voice_4."),
+                    "The voices table maps names to preset speakers; on a Base model to voice_1..voice_4. " + FIXED),
         },
         "links": [(1, 0, 2, "model"), (2, 0, 3, "audio"), (2, 2, 4, "subtitles")],
     },
@@ -155,8 +169,9 @@ def build(spec: dict, object_info: dict) -> dict:
     x = 40
     for order, (nid, n) in enumerate(spec["nodes"].items()):
         typ = n["type"]
+        size = note_size(n["widgets"]["text"]) if typ == "Note" else SIZES.get(typ, [320, 160])
         node = {"id": nid, "type": typ, "pos": [x if typ != "Note" else 40, 60 if typ != "Note" else 560],
-                "size": SIZES.get(typ, [320, 160]), "flags": {}, "order": order, "mode": 0,
+                "size": size, "flags": {}, "order": order, "mode": 0,
                 "inputs": [], "outputs": [], "properties": {"Node name for S&R": typ}, "widgets_values": []}
         x += SIZES.get(typ, [320, 160])[0] + 40
         if typ == "Note":
@@ -171,7 +186,7 @@ def build(spec: dict, object_info: dict) -> dict:
                 value = n["widgets"].get(name, (ispec[1] if len(ispec) > 1 else {}).get("default"))
                 node["widgets_values"].append(value)
                 if (ispec[1] if len(ispec) > 1 else {}).get("control_after_generate"):
-                    node["widgets_values"].append("randomize")
+                    node["widgets_values"].append("fixed")  # see FIXED
                 entry = {"name": name, "type": "COMBO" if isinstance(ispec[0], list) else ispec[0],
                          "widget": {"name": name}, "link": link}
                 if link is not None or typ != "LoadAudio":

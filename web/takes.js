@@ -22,10 +22,52 @@ function ensureBox(node, name, cls) {
   return node.__qwen3ttsBoxes[name];
 }
 
+// The node whose AUDIO feeds PickTake (through reroutes the frontend resolves itself).
+function sourceNode(node) {
+  const slot = node.inputs?.findIndex((i) => i.name === "audio") ?? -1;
+  return slot >= 0 ? node.getInputNode?.(slot) ?? null : null;
+}
+
+// "use this take" must never make the next queue run the generator again: its seed goes back to the seed
+// these takes came from and its control_after_generate to "fixed". Returns what was changed, or why not.
+function pinGenerator(node, take) {
+  const gen = sourceNode(node);
+  if (!gen || !String(gen.type || "").startsWith(PREFIX)) {
+    return { warn: true, text: "The takes do not come straight from a Qwen3-TTS generator: set its seed to " +
+      "'fixed' yourself, or the next queue makes new takes." };
+  }
+  const name = gen.title || gen.type.slice(PREFIX.length);
+  const seedInput = gen.inputs?.find((i) => i.name === "seed");
+  if (seedInput && seedInput.link != null) {
+    return { warn: true, text: `${name}'s seed comes from a link: keep that value fixed, or the next queue ` +
+      "makes new takes." };
+  }
+  const seed = gen.widgets?.find((w) => w.name === "seed");
+  const control = seed?.linkedWidgets?.find((w) => w.name === "control_after_generate") ??
+    gen.widgets?.find((w) => w.name === "control_after_generate");
+  const changes = [];
+  if (control && control.value !== "fixed") {
+    changes.push(`control_after_generate '${control.value}' → 'fixed'`);
+    control.value = "fixed";
+    control.callback?.("fixed");
+  }
+  if (seed && take.seed !== undefined && seed.value !== take.seed) {
+    changes.push(`seed ${seed.value} → ${take.seed} (the seed of these takes)`);
+    seed.value = take.seed;
+    seed.callback?.(take.seed);
+  }
+  if (!changes.length) return { warn: false, text: "Queue again: only PickTake re-runs." };
+  return { warn: true, text: `Pinned ${name}: ${changes.join(", ")}, so the next queue re-runs only ` +
+    "PickTake instead of making new takes." };
+}
+
 function renderTakes(node, takes, picked) {
   const box = ensureBox(node, "takes_preview", "qwen3tts-takes");
   box.replaceChildren();
   const indexWidget = node.widgets?.find((w) => w.name === "index");
+  const note = document.createElement("div");
+  note.className = "qwen3tts-take-note";
+  note.style.cssText = "white-space:normal;";
   for (const t of takes) {
     const row = document.createElement("div");
     row.className = "qwen3tts-take";
@@ -48,15 +90,27 @@ function renderTakes(node, takes, picked) {
         indexWidget.value = t.index;
         indexWidget.callback?.(t.index);
       }
-      for (const r of box.querySelectorAll(".qwen3tts-take span")) r.style.fontWeight = "normal";
+      for (const r of box.querySelectorAll(".qwen3tts-take > span:first-child")) r.style.fontWeight = "normal";
       label.style.fontWeight = "bold";
+      const pinned = pinGenerator(node, t);
+      note.textContent = (pinned.warn ? "⚠ " : "") + pinned.text;
+      note.style.color = pinned.warn ? "var(--error-text, #f0a020)" : "";
       node.setDirtyCanvas?.(true, true);
       app.graph.setDirtyCanvas(true, true);
     };
     row.append(label, audio, use);
+    if (t.seed !== undefined) {  // what renders this take alone: same seed, takes 1, first_take = take
+      const origin = document.createElement("span");
+      origin.className = "qwen3tts-take-origin";
+      origin.textContent = `seed ${t.seed} · take ${t.take}`;
+      origin.title = `Render this take alone: seed ${t.seed}, takes 1, first_take ${t.take}`;
+      origin.style.cssText = "user-select:text;opacity:0.75;font-size:11px;white-space:nowrap;";
+      row.insertBefore(origin, audio);
+    }
     box.append(row);
   }
-  const need = 40 + 34 * takes.length;
+  box.append(note);
+  const need = 60 + 34 * takes.length;
   if (node.size[1] < need) node.setSize([Math.max(node.size[0], 360), need + 60]);
 }
 

@@ -65,3 +65,18 @@ def free_port() -> int:
 
 def chromium_path() -> str | None:
     return os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def read_audio(path: Path):
+    """(samples as float64 [n], sample rate) of an audio file ComfyUI saved (PyAV, as ComfyUI itself)."""
+    import av
+    import numpy as np
+
+    with av.open(str(path)) as f:
+        stream = f.streams.audio[0]
+        frames = [fr.to_ndarray() for fr in f.decode(stream)]
+        sr = stream.rate
+    x = np.concatenate(frames, axis=-1).astype(np.float64)
+    if np.issubdtype(frames[0].dtype, np.integer):
+        x /= float(np.iinfo(frames[0].dtype).max) + 1
+    return x.reshape(-1), sr

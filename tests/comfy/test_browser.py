@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -122,4 +123,106 @@ def test_takes_widget_and_streaming_player(stack, artifacts):
     assert back_to_back + st["gaps"] == len(pairs)
     assert st["ttfaClient"] is not None and st["rtf"] > 0
     assert "TTFA" in text and "RTF" in text
+    assert not [c for c in console if c.startswith("EXCEPTION") and "qwen3tts" in c.lower()]
+
+
+def _history_entry(comfy, before: set, timeout: float = 240) -> tuple[str, dict]:
+    """The one prompt that entered /history after `before` was taken, once it finished."""
+    t_end = time.time() + timeout
+    while time.time() < t_end:
+        new = {k: v for k, v in comfy.get("/history").items() if k not in before}
+        done = {k: v for k, v in new.items() if v.get("status", {}).get("completed") is not None}
+        if done:
+            assert len(new) == 1, f"expected one new prompt, got {list(new)}"
+            return next(iter(done.items()))
+        time.sleep(0.3)
+    raise TimeoutError("the queued prompt did not finish")
+
+
+def _audio_path(base: Path, item: dict) -> Path:
+    return base / item.get("type", "output") / item.get("subfolder", "") / item["filename"]
+
+
+def test_pick_loop_reruns_only_pick_take(stack, comfy_base, artifacts):
+    """Run the takes workflow with the seed left on randomize, pick take 2 with 'use this take', queue again:
+    the generator is not run again (ComfyUI serves it from its cache) and the saved output is take 2 of the
+    first run, sample for sample. Also: every example workflow's Note is at most 360 px wide and covers no node."""
+    import aiohttp
+    from cdp import Page
+
+    from _q3support import read_audio
+
+    comfy = stack["comfy"]
+    seed = 4343  # not used by any other test on this server, so the first run really generates
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            async with s.ws_connect(stack["ws"], max_msg_size=0) as ws:
+                page = Page(ws)
+                await page.send("Runtime.enable")
+                await page.send("Page.enable")
+                await page.send("Page.navigate", url=stack["url"])
+                await page.wait_for("!!(window.app && window.app.graph && window.app.extensionManager)", 90,
+                                    "the ComfyUI frontend")
+                notes = {}
+                for name in sorted(comfy.get("/api/workflow_templates")[FOLDER]):
+                    await page.eval(f"""fetch('/api/workflow_templates/{FOLDER}/{name}.json').then(r => r.json())
+                        .then(wf => window.app.loadGraphData(wf, true, true, {json.dumps(name)})).then(() => true)""")
+                    await asyncio.sleep(0.3)
+                    notes[name] = json.loads(await page.eval("""JSON.stringify(window.app.graph._nodes.map(n => ({
+                        type: n.type, x: n.pos[0], y: n.pos[1] - (window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30),
+                        w: n.size[0], h: Math.max(n.size[1], n.computeSize?.()[1] ?? 0)
+                            + (window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30)})))"""))
+
+                await _open_template(page, "qwen3tts_custom_voice_takes", "Qwen3TTSFast_PickTake")
+                gen = "window.app.graph._nodes.find(n => n.type === 'Qwen3TTSFast_CustomVoice')"
+                widget = f"(name) => {gen}.widgets.find(w => w.name === name)"
+                shipped = await page.eval(f"({widget})('control_after_generate').value")
+                # A user who set the seed to randomize: the frontend changes it right after queueing.
+                await page.eval(f"""(() => {{ const w = {widget};
+                    w('control_after_generate').value = 'randomize'; w('seed').value = {seed}; return true; }})()""")
+                before = set(comfy.get("/history"))
+                await page.eval("window.app.queuePrompt(0, 1)")
+                first_id, first = await asyncio.to_thread(_history_entry, comfy, before)
+                await page.wait_for(f"""[...document.querySelectorAll('.qwen3tts-take-origin')]
+                    .filter(e => e.textContent.startsWith('seed {seed} ')).length === 4""", 60, "the new takes")
+                seed_after_queue = await page.eval(f"({widget})('seed').value")
+
+                await page.eval("document.querySelectorAll('.qwen3tts-use-take')[2].click()")
+                picked = json.loads(await page.eval(f"""JSON.stringify({{
+                    index: window.app.graph._nodes.find(n => n.type === 'Qwen3TTSFast_PickTake')
+                        .widgets.find(w => w.name === 'index').value,
+                    seed: ({widget})('seed').value, control: ({widget})('control_after_generate').value,
+                    note: document.querySelector('.qwen3tts-take-note').textContent,
+                    origin: document.querySelectorAll('.qwen3tts-take-origin')[2].textContent}})"""))
+                await asyncio.sleep(0.3)
+                await page.screenshot(artifacts / "pick_loop_pinned.png")
+                before = set(comfy.get("/history"))
+                await page.eval("window.app.queuePrompt(0, 1)")
+                second_id, second = await asyncio.to_thread(_history_entry, comfy, before)
+                return shipped, seed_after_queue, picked, notes, first, second, page.console
+
+    shipped, seed_after_queue, picked, notes, first, second, console = asyncio.run(go())
+    for name, nodes in notes.items():
+        (note,) = [n for n in nodes if n["type"] == "Note"]
+        assert note["w"] <= 360, name
+        for n in nodes:
+            if n is not note:
+                apart = (note["x"] + note["w"] <= n["x"] or n["x"] + n["w"] <= note["x"] or
+                         note["y"] + note["h"] <= n["y"] or n["y"] + n["h"] <= note["y"])
+                assert apart, f"{name}: the Note covers {n['type']}"
+    assert shipped == "fixed"
+    assert seed_after_queue != seed, "the frontend should have randomized the seed after queueing"
+    assert picked["index"] == 2 and picked["control"] == "fixed" and picked["seed"] == seed
+    assert "Pinned" in picked["note"] and "'randomize' → 'fixed'" in picked["note"] and str(seed) in picked["note"]
+    assert picked["origin"] == f"seed {seed} · take 2"
+    assert first["status"]["status_str"] == "success" and second["status"]["status_str"] == "success"
+    cached = next(m[1]["nodes"] for m in second["status"]["messages"] if m[0] == "execution_cached")
+    assert {"1", "2"} <= set(cached), f"the generator ran again (cached: {cached})"
+    assert "3" not in cached  # PickTake did re-run, with index 2
+    take2 = _audio_path(comfy_base, first["outputs"]["5"]["audio"][2])  # SaveAudio of all four takes
+    out = _audio_path(comfy_base, second["outputs"]["4"]["audio"][0])  # SaveAudio of the picked take
+    x, y = read_audio(out)[0], read_audio(take2)[0]
+    assert x.size > 0 and x.tobytes() == y.tobytes()
+    assert x.tobytes() != read_audio(_audio_path(comfy_base, first["outputs"]["5"]["audio"][1]))[0].tobytes()
     assert not [c for c in console if c.startswith("EXCEPTION") and "qwen3tts" in c.lower()]

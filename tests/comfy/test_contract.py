@@ -97,6 +97,10 @@ def test_generators_share_inputs(comfy):
         for adv in ("temperature", "top_k", "top_p", "repetition_penalty", "max_new_tokens"):
             assert opt[adv][1]["default"] == -1, adv
         assert info["output"] == ["AUDIO"]
+    for name in ("VoiceClone", "CustomVoice", "VoiceDesign", "StreamChunks"):
+        first = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + name].GET_NODE_INFO_V1()["input"]["optional"]["first_take"]
+        assert first[0] == "INT" and first[1]["default"] == 0 and first[1]["min"] == 0
+        assert first[1]["max"] == 2**32 - 1 and first[1]["advanced"] is True, name
 
 
 def test_output_nodes(comfy):
@@ -173,6 +177,8 @@ def test_valid_prompt_passes(comfy):
     ({"language": "Klingon"}, "custom_validation_failed"),
     ({"top_p": 7.0}, "value_bigger_than_max"),
     ({"seed": -5}, "value_smaller_than_min"),
+    ({"first_take": -1}, "value_smaller_than_min"),
+    ({"first_take": 2**32}, "value_bigger_than_max"),
 ])
 def test_bad_generator_widgets_are_rejected(comfy, overrides, kind):
     ok, errors, _ = _validate(comfy, _gen_prompt(**overrides), "2")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _q3support import COMFYUI_DIR, PACK, free_port, load_script
+from _q3support import COMFYUI_DIR, PACK, free_port, load_script, read_audio
 
 pytestmark = [pytest.mark.engine]
 client = load_script("comfy_client")
@@ -45,19 +45,6 @@ def run(c, prompt, workflow=None):
     status, body = c.queue(prompt, workflow)
     assert status == 200, body
     return c.wait(body["prompt_id"])
-
-
-def read_audio(path: Path) -> tuple[np.ndarray, int]:
-    import av
-
-    with av.open(str(path)) as f:
-        stream = f.streams.audio[0]
-        frames = [fr.to_ndarray() for fr in f.decode(stream)]
-        sr = stream.rate
-    x = np.concatenate(frames, axis=-1).astype(np.float64)
-    if np.issubdtype(frames[0].dtype, np.integer):
-        x /= float(np.iinfo(frames[0].dtype).max) + 1
-    return x.reshape(-1), sr
 
 
 def outputs_by_prefix(entry, base):
@@ -206,6 +193,32 @@ def test_free_releases_the_engine(server):
         time.sleep(0.5)
     assert server.get("/qwen3tts_fast/engines")["engines"] == []
     assert run(server, _custom_prompt(server, 902, takes=1))["status"]["status_str"] == "success"
+
+
+def test_first_take_renders_one_take_of_a_run_alone(server):
+    """Take 2 of a 4-take run == a 1-take run with first_take 2 (same seed), and the picked take says so.
+    Same codes (tests/test_cli.py checks them); the codec decodes a batch of 4 and of 1 with float differences
+    of ~1e-6, which can move a 16-bit FLAC sample by one step."""
+    four = run(server, _custom_prompt(server, 4242, takes=4))
+    assert four["status"]["status_str"] == "success"
+    pick = next(o for o in four["outputs"].values() if "qwen3tts_takes" in o)
+    assert [(t["seed"], t["take"]) for t in pick["qwen3tts_takes"]] == [(4242, i) for i in range(4)]
+    all_takes = sorted(outputs_by_prefix(four, server.base)["custom_voice_all_takes"])
+    alone = run(server, _custom_prompt(server, 4242, takes=1, first_take=2))
+    (picked,) = outputs_by_prefix(alone, server.base)["custom_voice_picked"]
+    again = next(o for o in alone["outputs"].values() if "qwen3tts_takes" in o)["qwen3tts_takes"]
+    assert [(t["seed"], t["take"]) for t in again] == [(4242, 2)]
+    x, take2, take1 = (read_audio(p)[0] for p in (picked, all_takes[2], all_takes[1]))
+    assert x.shape == take2.shape and np.abs(x - take2).max() <= 2 / 32768
+    assert np.abs(x - take1).max() > 0.01
+
+
+def test_first_take_beyond_the_stream_range_is_a_node_error(server):
+    entry = run(server, _custom_prompt(server, 7, takes=2, first_take=2**32 - 1))
+    assert entry["status"]["status_str"] == "error"
+    err = next(m[1] for m in entry["status"]["messages"] if m[0] == "execution_error")
+    assert err["node_id"] == "2" and "CustomVoice: first_take" in err["exception_message"]
+    assert "at most 4294967294" in err["exception_message"]
 
 
 @pytest.mark.parametrize("change, where", [

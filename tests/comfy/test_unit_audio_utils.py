@@ -36,6 +36,18 @@ def test_pick_take_trims_padding():
         au.pick_take(a, 2)
 
 
+def test_origin_follows_the_picked_take():
+    a = au.make_audio(torch.randn(3, 20), [20, 20, 20], origin={"node": "CustomVoice", "seed": 42, "first_take": 5})
+    assert [au.take_origin(a, i) for i in range(3)] == [{"node": "CustomVoice", "seed": 42, "take": t}
+                                                       for t in (5, 6, 7)]
+    p = au.pick_take(a, 2)  # a single take: first_take is the take that renders it alone
+    assert p[au.ORIGIN_KEY] == {"node": "CustomVoice", "seed": 42, "first_take": 7}
+    assert au.take_origin(p, 0)["take"] == 7
+    plain = batch([10, 10])
+    assert au.ORIGIN_KEY not in plain and au.take_origin(plain, 1) is None
+    assert au.ORIGIN_KEY not in au.pick_take(plain, 1)
+
+
 def test_foreign_audio_without_lengths_uses_full_length():
     a = {"waveform": torch.zeros(2, 2, 50), "sample_rate": 44100}
     assert au.take_lengths(a) == [50, 50]
