@@ -1,4 +1,5 @@
-"""The decode loop: one generator of codec frames for streaming, whole-utterance and multi-take runs.
+"""The decode loop: one generator of codec frames for streaming, whole-utterance, multi-take and
+mixed-prompt batch runs.
 
 Per frame t (QWEN3_TTS_FACTS.md §2):
   1. c0 is chosen from the talker logits (penalty, suppression, min-tokens EOS mask, sampling);
@@ -6,17 +7,22 @@ Per frame t (QWEN3_TTS_FACTS.md §2):
   3. the next talker input is the sum of the 16 codebook embeddings plus the trailing text of step t
      (or the pad embedding once the text is used up), and one talker step gives the next hidden state.
 
-N takes of one request are N batch rows sharing one prefill. A row that emits EOS is finished: it
-keeps stepping (so shapes stay fixed) but contributes no more frames. Finished flags are read on the
-host once per chunk, never per frame.
+Every run is a list of `Row`s (a prompt, a random-stream key, a frame budget) decoded in a fixed number
+of batch *slots*. N takes of one request are N rows sharing one prompt (one prefill); a mixed batch
+holds rows of different prompts, each at its own position, frame index and trailing text. A row that
+emits EOS or spends its budget is finished: it keeps stepping (so shapes stay fixed) but contributes no
+more frames. Finished flags are read on the host once per chunk, never per frame; at that boundary a
+finished row frees its slot and the next queued row is prefilled into it (continuous batching).
 
 The per-frame work is done by a *frame runner*: `EagerFrames` here (any device), or the CUDA-graph
 runner in engine/gpu, which replays the same three steps as one captured graph. Both expose
-`start(...)`, `next_frame(t) -> (codes [B, 16], valid [B])` and `finished`.
+`open(slots, params, eos_id, max_len)`, `admit(slots, prompt, keys, max_frames)`,
+`next_frame(host) -> (codes [slots, 16], valid [slots])` and `finished`.
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -29,22 +35,33 @@ from .sampling import SamplingParams
 
 
 @dataclass
+class Row:
+    """One batch row: what it says (prompt), its random stream key and its frame budget. `expected` is a
+    guess of its real length, used only for the progress total and the admission order."""
+
+    prompt: Prompt
+    key: int
+    max_frames: int
+    expected: int = 0
+
+
+@dataclass
 class FrameChunk:
-    codes: torch.Tensor  # [B, k, 16] long, on the model device
-    valid: torch.Tensor  # [B, k] bool: frame is real speech for that take
-    start: int  # index of the chunk's first frame
+    codes: torch.Tensor  # [slots, k, 16] long, on the model device
+    valid: torch.Tensor  # [slots, k] bool: frame is real speech of the slot's row
+    start: int  # index of the chunk's first frame (frames since the run started)
     done: bool  # no further chunk follows
+    rows: tuple = ()  # the row each slot held during this chunk (-1: none)
 
 
-def prefill(talker, prompt: Prompt, batch: int, cache) -> torch.Tensor:
-    """Run the prompt once and broadcast its K/V into every row of `cache`; returns hidden [B, H]."""
+def prefill_into(talker, prompt: Prompt, cache, slots) -> torch.Tensor:
+    """Run the prompt once at batch 1 and copy its K/V into rows `slots` of `cache` (ragged prefill: every
+    row is prefilled exactly as it would be alone). Returns the last hidden state, [1, H]."""
     length = prompt.prefill.shape[1]
-    if batch == 1:
-        return talker.forward_hidden(prompt.prefill, cache, 0)[:, -1]
     single = talker.new_cache(1, length)
     hidden = talker.forward_hidden(prompt.prefill, single, 0)[:, -1]
-    cache.copy_rows_from(single, length)
-    return hidden.expand(batch, -1).contiguous()
+    cache.copy_rows_from(single, length, rows=slots)
+    return hidden
 
 
 def trailing_table(prompt: Prompt, max_frames: int) -> torch.Tensor:
@@ -53,8 +70,38 @@ def trailing_table(prompt: Prompt, max_frames: int) -> torch.Tensor:
     return torch.cat([prompt.trailing[:max_frames], prompt.pad_embed[None]], 0)
 
 
+class SlotTable:
+    """Host-side view of the slots: which row each holds, its prompt length, frames stepped since it was
+    admitted and its budget. Positions are exact for a live row (it advances every frame) and an upper
+    bound for a finished one (the graphs stop advancing it)."""
+
+    def __init__(self, slots: int):
+        self.row = [-1] * slots
+        self.length = [0] * slots
+        self.frames = [0] * slots
+        self.limit = [0] * slots
+
+    def put(self, slot: int, row: int, length: int, limit: int) -> None:
+        self.row[slot], self.length[slot], self.frames[slot], self.limit[slot] = row, length, 0, limit
+
+    def positions(self) -> list:
+        """Cache position each slot writes at in its next step."""
+        return [n + min(f, max(lim - 1, 0)) for n, f, lim in zip(self.length, self.frames, self.limit)]
+
+    def alive(self) -> list:
+        return [r >= 0 and f < lim for r, f, lim in zip(self.row, self.frames, self.limit)]
+
+    def frames_left(self) -> int:
+        """Frames until every held row has spent its budget."""
+        return max((lim - f for r, f, lim in zip(self.row, self.frames, self.limit) if r >= 0), default=0)
+
+    def advance(self) -> None:
+        self.frames = [f + (r >= 0) for r, f in zip(self.row, self.frames)]
+
+
 class EagerFrames:
-    """Runs each frame as ordinary PyTorch calls over the talker and its code predictor."""
+    """Runs each frame as ordinary PyTorch calls over the talker and its code predictor. Rows at different
+    positions attend one by one (engine/model/layers.Attention), so each row equals itself run alone."""
 
     active_kernels = ()  # plain torch: no Triton kernels run here
 
@@ -62,35 +109,46 @@ class EagerFrames:
         self.talker = talker
         self.predictor = talker.code_predictor
 
-    def start(self, prompt: Prompt, *, takes: int, seed: int, params: SamplingParams, max_frames: int,
-              eos_id: int, take_offset: int = 0) -> None:
+    def open(self, *, slots: int, params: SamplingParams, eos_id: int, max_len: int) -> None:
         t = self.talker
-        device = prompt.prefill.device
+        w = t.codec_head.weight
+        vocab, hidden = w.shape
         self.params, self.eos_id = params, eos_id
-        self.position = prompt.prefill.shape[1]
-        self.cache = t.new_cache(takes, self.position + max_frames)
-        self.hidden = prefill(t, prompt, takes, self.cache)
-        self.trailing = trailing_table(prompt, max_frames)
-        self.keys = sampling.take_keys(seed, range(take_offset, take_offset + takes), device)
-        vocab = t.codec_head.weight.shape[0]
-        self.banned = sampling.control_mask(vocab, eos_id, device)
+        self.cache = t.new_cache(slots, max_len)
+        self.hidden = torch.zeros(slots, hidden, dtype=w.dtype, device=w.device)
+        self.keys = torch.zeros(slots, dtype=torch.long, device=w.device)
+        self.trailing = [torch.zeros(1, hidden, dtype=w.dtype, device=w.device)] * slots
+        self.banned = sampling.control_mask(vocab, eos_id, w.device)
         self.banned_early = self.banned.clone()
         self.banned_early[eos_id] = True  # EOS is masked until min_new_tokens frames exist
-        self.seen = torch.zeros(takes, vocab, dtype=torch.bool, device=device)
-        self.finished = torch.zeros(takes, dtype=torch.bool, device=device)
-        self.pred_cache = self.predictor.new_cache(takes)
+        self.seen = torch.zeros(slots, vocab, dtype=torch.bool, device=w.device)
+        self.finished = torch.ones(slots, dtype=torch.bool, device=w.device)  # an empty slot counts as finished
+        self.pred_cache = self.predictor.new_cache(slots)
 
-    def _choose_c0(self, t: int) -> torch.Tensor:
+    def admit(self, slots: list, prompt: Prompt, keys: torch.Tensor, max_frames: int) -> None:
+        idx = torch.tensor(slots, device=self.hidden.device)
+        self.hidden[idx] = prefill_into(self.talker, prompt, self.cache, idx)
+        self.keys[idx] = keys
+        self.seen[idx] = False
+        self.finished[idx] = False
+        table = trailing_table(prompt, max_frames)
+        for s in slots:
+            self.trailing[s] = table
+
+    def _choose_c0(self, steps: list, t: torch.Tensor) -> torch.Tensor:
         p = self.params
         logits = self.talker.codec_logits(self.hidden).float()
         logits = sampling.penalize_repeats(logits, self.seen, p.repetition_penalty)
-        logits = logits.masked_fill(self.banned_early if t < p.min_new_tokens else self.banned, float("-inf"))
+        early = torch.tensor([s < p.min_new_tokens for s in steps], device=logits.device)
+        logits = logits.masked_fill(torch.where(early[:, None], self.banned_early, self.banned), float("-inf"))
         u = sampling.uniforms(self.keys, t, 0, logits.shape[-1]) if p.do_sample else None
         return sampling.choose(logits, p.do_sample, p.temperature, p.top_k, p.top_p, u)
 
-    def next_frame(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_frame(self, host: SlotTable) -> tuple[torch.Tensor, torch.Tensor]:
         p = self.params
-        c0 = self._choose_c0(t)
+        steps = host.frames
+        t = torch.tensor(steps, device=self.hidden.device)
+        c0 = self._choose_c0(steps, t)
         self.seen.scatter_(1, c0[:, None], True)
         self.finished |= c0 == self.eos_id
 
@@ -102,61 +160,114 @@ class EagerFrames:
         c0_embed = self.talker.embed_codec(c0)
         rest = self.predictor.predict(self.hidden, c0_embed, choose_residual, self.pred_cache)
         frame = torch.cat([c0[:, None], rest], 1)
-        valid = ~self.finished
+        valid = ~self.finished & torch.tensor(host.alive(), device=c0.device)
 
-        # Next talker input: one 16-term reduction as upstream forms it, plus the trailing text of step t.
+        # Next talker input: one 16-term reduction as upstream forms it, plus each row's trailing text.
         x = self.predictor.residual_embedding_sum(rest, c0_embed)
-        x = x + self.trailing[min(t, self.trailing.shape[0] - 1)]
-        self.hidden = self.talker.forward_hidden(x[:, None], self.cache, self.position)[:, 0]
-        self.position += 1
+        x = x + torch.stack([tab[min(s, tab.shape[0] - 1)] for tab, s in zip(self.trailing, steps)])
+        positions = host.positions()
+        start = positions[0] if len(set(positions)) == 1 else positions  # one shared position: one batched step
+        self.hidden = self.talker.forward_hidden(x[:, None], self.cache, start)[:, 0]
         return frame, valid
 
 
-def decode_frames(
+def _admit(runner, host: SlotTable, rows: list, queue: deque, device) -> None:
+    """Fill free slots from the queue; consecutive rows of one prompt (takes) share one prefill."""
+    free = [s for s, r in enumerate(host.row) if r < 0]
+    while free and queue:
+        first = queue[0]
+        group = []
+        while free and queue and rows[queue[0]].prompt is rows[first].prompt \
+                and rows[queue[0]].max_frames == rows[first].max_frames:
+            k = queue.popleft()
+            slot = free.pop(0)
+            host.put(slot, k, rows[k].prompt.prefill.shape[1], rows[k].max_frames)
+            group.append((slot, k))
+        keys = torch.tensor([rows[k].key for _, k in group], dtype=torch.long, device=device)
+        runner.admit([s for s, _ in group], rows[first].prompt, keys, rows[first].max_frames)
+
+
+def decode_rows(
     runner,
-    prompt: Prompt,
+    rows: list,
     *,
-    takes: int,
-    seed: int,
+    slots: int,
     params: SamplingParams,
-    max_frames: int,
     eos_id: int,
     chunk_frames: int = 0,
-    take_offset: int = 0,
+    order=None,
     should_stop: Callable[[], bool] | None = None,
     on_frames: Callable[[int, int], None] | None = None,
     timings: dict | None = None,
 ) -> Iterator[FrameChunk]:
-    """Yield chunks of `chunk_frames` frames (0 = a single chunk at the end) until every take has
-    ended or `max_frames` frames were produced. `timings`, if given, receives the prefill seconds."""
+    """The one decode loop. Rows (admitted in `order`, default their order) run in `slots` batch slots;
+    yields chunks of `chunk_frames` frames (0 = one chunk per admission wave: until every held row is
+    done) until every row has finished. `on_frames(done, total)` counts frames over all rows (total is
+    an estimate until the rows end); `timings`, if given, receives the first prefill's seconds and the
+    slot occupancy."""
     params.validate()
+    if not rows:
+        return
+    device = rows[0].prompt.prefill.device
+    host = SlotTable(slots)
+    queue = deque(range(len(rows)) if order is None else order)
     t0 = time.perf_counter()
-    runner.start(prompt, takes=takes, seed=seed, params=params, max_frames=max_frames, eos_id=eos_id,
-                 take_offset=take_offset)
+    runner.open(slots=slots, params=params, eos_id=eos_id,
+                max_len=max(r.prompt.prefill.shape[1] + r.max_frames for r in rows))
+    _admit(runner, host, rows, queue, device)
     if timings is not None:
-        if prompt.prefill.is_cuda:
+        if device.type == "cuda":
             torch.cuda.synchronize()
         timings["prefill_s"] = time.perf_counter() - t0
-    per_chunk = chunk_frames if chunk_frames > 0 else max_frames
-    frames, valids = [], []
-    start = 0
-    for t in range(max_frames):
-        if should_stop is not None and should_stop():
-            raise GenerationInterrupted("generation was stopped on request")
-        frame, valid = runner.next_frame(t)
-        frames.append(frame)
-        valids.append(valid)
-        last = t + 1 == max_frames
-        if len(frames) == per_chunk or last:
-            done = last or bool(runner.finished.all())  # the one host sync per chunk
-            chunk = FrameChunk(torch.stack(frames, 1), torch.stack(valids, 1), start, done)
-            start += len(frames)
-            frames, valids = [], []
-            if on_frames is not None:
-                on_frames(start, max_frames)
-            yield chunk
-            if done:
-                return
+    ended = {}  # row -> frames stepped when it ended (an upper bound of its real frames)
+    start = steps = busy = 0
+    while True:
+        n = host.frames_left() if chunk_frames <= 0 else min(chunk_frames, host.frames_left())
+        frames, valids = [], []
+        for _ in range(n):
+            if should_stop is not None and should_stop():
+                raise GenerationInterrupted("generation was stopped on request")
+            frame, valid = runner.next_frame(host)
+            busy += sum(host.alive())
+            host.advance()
+            frames.append(frame)
+            valids.append(valid)
+        steps += n
+        held = tuple(host.row)
+        finished = runner.finished.tolist()  # the one host sync per chunk
+        for s, r in enumerate(held):
+            if r >= 0 and (finished[s] or host.frames[s] >= host.limit[s]):
+                ended[r] = min(host.frames[s], host.limit[s])
+                host.row[s] = -1
+        done = not queue and all(r < 0 for r in host.row)
+        chunk = FrameChunk(torch.stack(frames, 1), torch.stack(valids, 1), start, done, held)
+        start += n
+        if on_frames is not None:
+            running = {r: min(host.frames[s], host.limit[s]) for s, r in enumerate(host.row) if r >= 0}
+            total = sum(ended.values()) + sum(max(f, rows[r].expected or rows[r].max_frames)
+                                              for r, f in running.items())
+            total += sum(rows[r].expected or rows[r].max_frames for r in queue)
+            on_frames(sum(ended.values()) + sum(running.values()), total)
+        if timings is not None:
+            timings["batch"] = {"slots": slots, "rows": len(rows), "steps": steps,
+                                "occupancy": busy / max(1, steps * slots)}
+        yield chunk
+        if done:
+            return
+        _admit(runner, host, rows, queue, device)
+
+
+def decode_frames(runner, prompt: Prompt, *, takes: int, seed: int, params: SamplingParams, max_frames: int,
+                  eos_id: int, chunk_frames: int = 0, take_offset: int = 0,
+                  should_stop: Callable[[], bool] | None = None,
+                  on_frames: Callable[[int, int], None] | None = None,
+                  timings: dict | None = None) -> Iterator[FrameChunk]:
+    """`takes` takes of one prompt (take i draws from stream (seed, take_offset + i)): decode_rows with
+    one row per take, all admitted at once."""
+    keys = sampling.take_keys(seed, range(take_offset, take_offset + takes), "cpu").tolist()
+    rows = [Row(prompt, k, max_frames) for k in keys]
+    return decode_rows(runner, rows, slots=takes, params=params, eos_id=eos_id, chunk_frames=chunk_frames,
+                       should_stop=should_stop, on_frames=on_frames, timings=timings)
 
 
 def collect(chunks: Iterator[FrameChunk]) -> tuple[torch.Tensor, list[int]]:

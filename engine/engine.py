@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from .config import SAMPLE_RATE, SAMPLES_PER_FRAME, ModelConfig
-from .decode import EagerFrames, collect, decode_frames
+from . import sampling
+from .decode import EagerFrames, Row, collect, decode_frames, decode_rows
 from .engine_lock import EngineLock, serialised, serialised_stream
 from .errors import (
     InvalidInputError,
@@ -18,7 +19,7 @@ from .errors import (
     PromptTooLongError,
     UnsupportedConfigError,
 )
-from .prompt import MODE_OF_MODEL, Prompt, PromptBuilder, Request
+from .prompt import MODE_OF_MODEL, Prompt, PromptBuilder, Request, expected_frames
 from .sampling import SamplingParams, check_take_range
 from .voice import Voice
 
@@ -57,12 +58,14 @@ class Result:
 @dataclass
 class BatchItem:
     """One request of a mixed batch (generate_batch): its takes draw from streams (seed, take_offset + i),
-    so each item's result equals generate(request, takes, seed, take_offset=take_offset) alone."""
+    so each item's result equals generate(request, takes, seed, take_offset=take_offset) alone (with
+    max_new_tokens, if set, as the item's own frame budget in place of params.max_new_tokens)."""
 
     request: Request
     takes: int = 1
     seed: int = 0
     take_offset: int = 0
+    max_new_tokens: int | None = None
 
 
 @dataclass
@@ -230,11 +233,15 @@ class Engine:
 
     # -- synthesis -----------------------------------------------------------------------------
 
-    def _prepare(self, req: Request, takes: int, params: SamplingParams | None, take_offset: int = 0):
+    def _prepare(self, req: Request, takes: int, params: SamplingParams | None, take_offset: int = 0,
+                 max_new_tokens: int | None = None):
         if not 1 <= int(takes) <= self.max_takes:
             raise InvalidInputError(f"takes must be between 1 and {self.max_takes} (got {takes}).")
         check_take_range(take_offset, takes)
-        params = (params or self.defaults).validate()
+        params = params or self.defaults
+        if max_new_tokens is not None:
+            params = params.replace(max_new_tokens=int(max_new_tokens))
+        params = params.validate()
         if req.mode == "clone" and req.voice is not None:
             req.voice.check_compatible(self.cfg)
         prompt = self.builder.build(req)
@@ -278,25 +285,96 @@ class Engine:
         return Result(audio=audio, lengths=samples,
                       codes=[codes[i, :n].cpu() for i, n in enumerate(lengths)], stats=stats)
 
-    @serialised(nests=True)
+    @serialised()
+    @torch.inference_mode()
     def generate_batch(self, items: list, params: SamplingParams | None = None,
                        on_progress: Callable[[int, int], None] | None = None,
-                       should_stop: Callable[[], bool] | None = None) -> list:
+                       should_stop: Callable[[], bool] | None = None, max_rows: int | None = None,
+                       chunk_frames: int = 4) -> list:
         """One Result per BatchItem, in order; item k equals generate() of that item alone.
 
-        Transitional: the items run one after another. Issue 12 replaces this body with mixed-prompt batch
-        rows (ragged prefill, per-row positions, continuous admission) behind the same signature.
+        Every take of every item is one batch row; up to `max_rows` (default max_takes) rows decode at
+        once, each with its own prompt, position, trailing text, stream and end. Every `chunk_frames`
+        frames the finished rows free their slots and the next rows (longest text first) are prefilled
+        into them. on_progress(frames_done, frames_total) counts frames over all rows (the total is an
+        estimate until the rows end). Each Result's stats["batch"] holds the slot occupancy of the run.
         """
-        total = sum(1 for _ in items)
+        t0 = time.perf_counter()
+        items = list(items)
+        if not items:
+            return []
+        max_rows = self.max_takes if max_rows is None else int(max_rows)
+        if not 1 <= max_rows <= self.max_takes:
+            raise InvalidInputError(f"max_rows must be between 1 and {self.max_takes} (got {max_rows}).")
+        if chunk_frames < 1:
+            raise InvalidInputError(f"chunk_frames must be at least 1 (got {chunk_frames}).")
+        rows, owner, prompts, item_rows = [], [], [], []
+        for k, item in enumerate(items):
+            prompt, _, max_frames = self._prepare(item.request, item.takes, params, item.take_offset,
+                                                  item.max_new_tokens)
+            prompts.append(prompt)
+            guess = min(max_frames, expected_frames(item.request.text))
+            keys = sampling.take_keys(item.seed, range(item.take_offset, item.take_offset + item.takes), "cpu")
+            item_rows.append(list(range(len(rows), len(rows) + item.takes)))
+            for i, key in enumerate(keys.tolist()):
+                rows.append(Row(prompt, key, max_frames, guess))
+                owner.append((k, i))
+        # Longest first, so the short rows fill the tail; an item's takes stay together (one prefill).
+        order = [r for k in sorted(range(len(items)), key=lambda k: -rows[item_rows[k][0]].expected)
+                 for r in item_rows[k]]
+        timings = {}
+        chunks = decode_rows(self.runner, rows, slots=min(max_rows, len(rows)),
+                             params=(params or self.defaults).validate(), eos_id=self.cfg.talker.codec_eos_id,
+                             chunk_frames=chunk_frames, order=order, should_stop=should_stop,
+                             on_frames=on_progress, timings=timings)
+        codes, valid = [[] for _ in rows], [[] for _ in rows]
+        for chunk in chunks:
+            for slot, r in enumerate(chunk.rows):
+                if r >= 0:
+                    codes[r].append(chunk.codes[slot])
+                    valid[r].append(chunk.valid[slot])
+        lengths = [int(n) for n in torch.stack([torch.cat(v).sum() for v in valid]).tolist()]
+        codes = [torch.cat(c)[:n] for c, n in zip(codes, lengths)]
+        t_decode = time.perf_counter()
+        audio = self._rows_to_audio(codes, lengths, [r.prompt.ref_codes for r in rows], min(max_rows, len(rows)))
+        wall = time.perf_counter() - t0
         results = []
         for k, item in enumerate(items):
-            def progress(done, maximum, k=k):
-                if on_progress is not None:
-                    on_progress(k * maximum + done, total * maximum)
-            results.append(self.generate(item.request, takes=item.takes, seed=item.seed, params=params,
-                                         on_progress=progress, should_stop=should_stop,
-                                         take_offset=item.take_offset))
+            mine = item_rows[k]
+            n = [lengths[r] for r in mine]
+            samples = [x * SAMPLES_PER_FRAME for x in n]
+            wav = torch.zeros(len(mine), max(samples))
+            for i, r in enumerate(mine):
+                wav[i, : samples[i]] = audio[r]
+            stats = {"frames": max(n), "prompt_tokens": prompts[k].prefill.shape[1], "frames_per_take": n,
+                     "prefill_s": timings.get("prefill_s", 0.0), "decode_s": t_decode - t0,
+                     "codec_s": wall - (t_decode - t0), "wall_s": wall, "audio_s": max(samples) / SAMPLE_RATE,
+                     "notes": prompts[k].notes, "batch": timings.get("batch", {})}
+            results.append(Result(audio=wav, lengths=samples, codes=[codes[r].cpu() for r in mine], stats=stats))
         return results
+
+    def _rows_to_audio(self, codes: list, lengths: list, refs: list, group: int) -> list:
+        """Waveforms [frames * 1920] of many rows: rows with the same ICL reference (or none) are decoded
+        together in groups of similar length (the codec is causal, so padding cannot change them)."""
+        out = [torch.zeros(0)] * len(codes)
+        by_ref = {}
+        for r, ref in enumerate(refs):
+            by_ref.setdefault(None if ref is None else id(ref), []).append(r)
+        for members in by_ref.values():
+            members.sort(key=lambda r: lengths[r])
+            for i in range(0, len(members), group):
+                part = [r for r in members[i: i + group] if lengths[r] > 0]
+                if not part:
+                    continue
+                frames = max(lengths[r] for r in part)
+                batch = torch.zeros(len(part), frames, codes[part[0]].shape[1], dtype=torch.long,
+                                    device=codes[part[0]].device)
+                for j, r in enumerate(part):
+                    batch[j, : lengths[r]] = codes[r]
+                wav = self._codes_to_audio(batch, [lengths[r] for r in part], refs[part[0]])
+                for j, r in enumerate(part):
+                    out[r] = wav[j, : lengths[r] * SAMPLES_PER_FRAME]
+        return out
 
     @serialised_stream
     @torch.inference_mode()

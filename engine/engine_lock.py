@@ -8,8 +8,8 @@ shared by every call, so two interleaved calls would corrupt each other's audio.
   references the generator (CPython closes an unreferenced generator at once).
 * A call from the thread that already holds the engine (a callback of a running call, or a second call
   while this thread's stream generator is unfinished) would deadlock or overwrite the running call's state,
-  so it raises `EngineBusyError` at once. Only a holder declared `nests=True` (generate_batch, which runs
-  its items through generate) lets its own thread in.
+  so it raises `EngineBusyError` at once. Only a holder declared `nests=True` lets its own thread
+  in (no engine call is declared so today: generate_batch decodes its items itself).
 """
 from __future__ import annotations
 

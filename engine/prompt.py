@@ -44,6 +44,13 @@ class Prompt:
     notes: list = field(default_factory=list)
 
 
+def expected_frames(text: str) -> int:
+    """A rough guess of the frames a text takes to speak (12.5 frames/s; ~15 Latin or ~4.5 CJK characters
+    per second). Only used to order batch rows and to estimate a progress total, never to cut audio."""
+    cjk = sum(1 for c in text if 0x3040 <= ord(c) <= 0x30FF or 0x3400 <= ord(c) <= 0x9FFF or 0xAC00 <= ord(c) <= 0xD7AF)
+    return int(12.5 * ((len(text) - cjk) / 15 + cjk / 4.5)) + 8
+
+
 def _template(text: str) -> str:
     return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
 

@@ -107,8 +107,11 @@ def take_keys(seed: int, take_indices, device) -> torch.Tensor:
 def uniforms(keys: torch.Tensor, step, slot: int, width: int) -> torch.Tensor:
     """Uniform floats in (0, 1), shape [B, width], for draw (step, slot) of each take's stream.
 
-    `step` may be an int or a 0-d int64 tensor (so a captured graph can advance it on the device).
+    `step` may be an int, or an int64 tensor with one element or one per take (rows of a batch are at
+    different frames), so a captured graph can advance it on the device.
     """
+    if torch.is_tensor(step):
+        step = step.reshape(-1)
     base = _mix32((keys + step * 0x9E3779B9 + slot * 0x85EBCA6B) & _M32)  # [B]
     idx = torch.arange(width, device=keys.device, dtype=torch.int64) * 0xC2B2AE35 & _M32
     return unit_interval(_mix32(_mix32(base[:, None] ^ idx[None, :]) ^ keys[:, None]))
@@ -116,6 +119,8 @@ def uniforms(keys: torch.Tensor, step, slot: int, width: int) -> torch.Tensor:
 
 def frame_uniforms(keys: torch.Tensor, step, slots: int, width: int) -> torch.Tensor:
     """uniforms(keys, step, slot, width) for slots 0..slots-1 at once: [B, slots, width] (same values)."""
+    if torch.is_tensor(step):
+        step = step.reshape(-1, 1)
     slot = torch.arange(slots, device=keys.device, dtype=torch.int64)
     base = _mix32((keys[:, None] + step * 0x9E3779B9 + slot[None, :] * 0x85EBCA6B) & _M32)  # [B, slots]
     idx = torch.arange(width, device=keys.device, dtype=torch.int64) * 0xC2B2AE35 & _M32

@@ -17,7 +17,11 @@ TRITON_INTERPRET=1 .venv/bin/python -m pytest -q tests/test_kernels.py
 rc_kernels=$?
 .venv/bin/python -m pytest -q -rs tests --ignore=tests/test_kernels.py "$@"
 rc=$?
+# Mixed-prompt batch rows must never be slower than the same pieces one by one (tiny checkpoint, CPU).
+.venv/bin/python bench/batch_bench.py --device cpu --size tiny --words 150 --lines 8 --out "$(mktemp -d)"
+rc_batch=$?
 set -e
+[ $rc_batch -ne 0 ] && { echo "batch bench failed (exit $rc_batch)"; [ $rc -eq 0 ] && rc=$rc_batch; }
 [ $rc_kernels -ne 0 ] && { echo "kernel tests failed (exit $rc_kernels)"; [ $rc -eq 0 ] && rc=$rc_kernels; }
 echo "tests took $(( $(date +%s) - start )) s in all (setup included)"
 [ $rc -eq 5 ] && { echo "no tests were collected"; exit 1; }

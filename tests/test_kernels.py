@@ -83,6 +83,15 @@ def test_qk_norm_rope_kv_16_rows():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_qk_norm_rope_kv_rows_at_their_own_positions(dtype):
+    st.check_qk_norm_rope_kv(DEV, dtype, 4, pos=2, seed=5, per_row=True)
+
+
+def test_attention_rows_of_different_lengths():
+    st.check_attention(DEV, torch.float32, 4, seq=40, window=32, filled=20, per_row=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("b", [1, 4])
 def test_attention_predictor_window(dtype, b):
     st.check_attention(DEV, dtype, b, seq=16, window=16, filled=2 + 3 * b, seed=b)
@@ -156,6 +165,10 @@ def test_sample_in_kernel_uniforms(case):
 @pytest.mark.parametrize("do_sample", [True, False])
 def test_sample_codebook0_penalty_and_bookkeeping(do_sample):
     st.check_sample_penalty(DEV, 6, do_sample=do_sample, t=1 if do_sample else 4)
+
+
+def test_sample_codebook0_rows_at_their_own_frames():
+    st.check_sample_penalty(DEV, 6, t=0, min_new=3, per_row=True)  # rows 0-2 still mask EOS, rows 3-5 not
 
 
 def test_sample_distribution_chi_square():

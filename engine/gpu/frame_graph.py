@@ -3,9 +3,12 @@ the next input's embedding sum and the talker step.
 
 Graphs are keyed by (batch bucket, attention window) and share one memory pool. Everything a frame
 reads or writes lives in static buffers owned by `FrameState` (one per batch bucket): the talker hidden
-state, the position and frame counters, the per-take stream keys, the repetition-penalty mask, the
-finished flags, the sampling settings and the trailing text. Replaying never syncs the host; the
-decode loop reads the finished flags once per chunk.
+state, each row's position, frame counter and frame budget, the per-row stream keys, the
+repetition-penalty mask, the finished flags, the sampling settings and each row's trailing text. Rows
+may hold different prompts: the talker attention masks each row at its own length inside one window
+(the window is the bucket of the longest row), RoPE and the cache write use each row's position. A
+finished row stops advancing, so it never writes past its own cache room. Replaying never syncs the
+host; the decode loop reads the finished flags once per chunk and admits new rows between replays.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import time
 import torch
 
 from .. import sampling
-from ..decode import prefill, trailing_table
+from ..decode import prefill_into, trailing_table
 from . import graph_sampling
 from .capture import capture
 from .fused_layers import FusedStack
@@ -44,15 +47,20 @@ class FrameState:
         self.cache = talker.new_cache(batch, max_len)
         self.pred_cache = talker.code_predictor.new_cache(batch)
         self.hidden = torch.zeros(batch, hidden, device=dev, dtype=dt)
-        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
-        self.t = torch.zeros(1, dtype=torch.long, device=dev)
-        self.keys = torch.zeros(batch, dtype=torch.long, device=dev)
+        long = dict(dtype=torch.long, device=dev)
+        self.pos = torch.zeros(batch, **long)  # cache position each row writes next
+        self.t = torch.zeros(batch, **long)  # frames each row has produced
+        self.limit = torch.zeros(batch, **long)  # each row's frame budget
+        self.keys = torch.zeros(batch, **long)
         self.seen = torch.zeros(batch, vocab, dtype=torch.bool, device=dev)
-        self.finished = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.finished = torch.ones(batch, dtype=torch.bool, device=dev)  # empty rows count as finished
+        self.valid = torch.zeros(batch, dtype=torch.bool, device=dev)  # the last frame is real speech
         groups = talker.cfg.num_code_groups  # codebooks per frame; predictor positions 0..groups-1
         self.frame = torch.zeros(batch, groups, dtype=torch.long, device=dev)
-        self.trailing = torch.zeros(trailing_rows, hidden, device=dev, dtype=dt)
-        self.trailing_last = torch.zeros(1, dtype=torch.long, device=dev)
+        self.trailing_rows = trailing_rows
+        self.trailing = torch.zeros(batch * trailing_rows, hidden, device=dev, dtype=dt)  # row b from b * rows
+        self.trailing_start = torch.arange(batch, **long) * trailing_rows
+        self.trailing_last = torch.zeros(batch, **long)
         self.pred_pos = [torch.tensor([j], device=dev) for j in range(groups)]
         self.pred_bias = [torch.where(torch.arange(groups, device=dev) <= j, 0.0, float("-inf")).to(dt)
                           for j in range(groups)]
@@ -75,7 +83,7 @@ class FrameState:
 
     def small_state(self) -> list:
         """What one frame advances (the caches are rewritten at the same positions by a replay)."""
-        return [self.hidden, self.pos, self.t, self.seen, self.finished, self.frame]
+        return [self.hidden, self.pos, self.t, self.seen, self.finished, self.valid, self.frame]
 
     def snapshot(self) -> list:
         return [x.clone() for x in self.small_state()]
@@ -147,6 +155,7 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
     c0 = ks.sample(codec_logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
                    **draws(0, codec_logits.shape[-1]), penalty=p["penalty"], seen=s.seen, banned=s.banned,
                    eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"], finished=s.finished, update=True)
+    torch.logical_not(s.finished, out=s.valid)
 
     def choose_residual(lg, j):
         return ks.sample(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
@@ -156,11 +165,13 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
     rest = predict_residuals(talker, fused["predictor"], s, c0_embed, choose_residual)
     s.frame.copy_(torch.cat([c0[:, None], rest], 1))
     x = pred.residual_embedding_sum(rest, c0_embed)
-    x = x + s.trailing.index_select(0, torch.minimum(s.t, s.trailing_last))
-    bias = torch.where(torch.arange(window, device=x.device) <= s.pos, 0.0, float("-inf")).to(x.dtype)
-    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias)[:, 0])
-    s.pos.add_(1)
-    s.t.add_(1)
+    x = x + s.trailing.index_select(0, s.trailing_start + torch.minimum(s.t, s.trailing_last))
+    # Each row sees its own positions 0..pos: [B, 1, 1, window] broadcasts over heads and the query.
+    bias = torch.where(torch.arange(window, device=x.device)[None] <= s.pos[:, None], 0.0, float("-inf"))
+    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias.to(x.dtype)[:, None, None])[:, 0])
+    s.t.add_(s.valid)
+    s.finished.logical_or_(s.t >= s.limit)  # the budget is spent: no further frame is real
+    s.pos.add_(~s.finished)  # a finished row rewrites its last position and never passes its room
 
 
 class GraphedFrames:
@@ -177,12 +188,13 @@ class GraphedFrames:
         self.fused = {"talker": FusedStack(talker.model, talker_kernels),
                       "predictor": FusedStack(talker.code_predictor.model, self.kernels)}
         self.max_seq_len = max_seq_len
-        self.trailing_rows = max_seq_len + 1  # trailing_table holds at most max_frames + 1 <= max_seq_len + 1 rows
+        self.trailing_rows = max_seq_len + 1  # trailing_table holds at most max_frames + 1 <= max_seq_len + 1 rows per row
         self.capture_enabled = capture
         self.states: dict[int, FrameState] = {}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.capture_seconds = 0.0
+        self.position = 0
 
     @property
     def active_kernels(self) -> list:
@@ -190,7 +202,7 @@ class GraphedFrames:
 
     @property
     def finished(self) -> torch.Tensor:
-        return self.s.finished[: self.takes]
+        return self.s.finished[: self.slots]
 
     def release(self) -> None:
         self.graphs.clear()
@@ -200,32 +212,39 @@ class GraphedFrames:
     def _window(self, position: int) -> int:
         return min(self.max_seq_len, (position // WINDOW_STEP + 1) * WINDOW_STEP)
 
-    def start(self, prompt, *, takes, seed, params, max_frames, eos_id, take_offset=0) -> None:
-        bucket = batch_bucket(takes)
+    def open(self, *, slots: int, params, eos_id: int, max_len: int) -> None:
+        bucket = batch_bucket(slots)
+        if max_len > self.max_seq_len:
+            raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
         if bucket not in self.states:
             state = FrameState(self.talker, bucket, self.max_seq_len, self.trailing_rows)
             dtype = state.hidden.dtype
             state.pred_rope = [self.fused["predictor"].rope(p, dtype) for p in state.pred_pos]
             self.states[bucket] = state
         s = self.s = self.states[bucket]
-        self.takes = takes
-        length = prompt.prefill.shape[1]
-        if length + max_frames > self.max_seq_len:
-            raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
-        trailing = trailing_table(prompt, max_frames)
-        hidden = prefill(self.talker, prompt, bucket, s.cache)
-        s.hidden.copy_(hidden)
-        s.pos.fill_(length)
-        s.t.fill_(0)
-        keys = sampling.take_keys(seed, range(take_offset, take_offset + bucket), s.keys.device)
-        s.keys.copy_(keys)
-        s.seen.zero_()
-        s.finished.zero_()
-        s.finished[takes:] = True  # padding rows of the bucket never count as unfinished
-        s.trailing[: trailing.shape[0]].copy_(trailing)
-        s.trailing_last.fill_(trailing.shape[0] - 1)
+        self.slots = slots
+        s.finished.fill_(True)  # every slot is empty until a row is admitted (padding rows stay so)
+        s.valid.zero_()
+        s.limit.zero_()
+        s.t.zero_()
+        s.pos.zero_()
         s.set_params(params, eos_id)
-        self.position = length
+
+    def admit(self, slots: list, prompt, keys: torch.Tensor, max_frames: int) -> None:
+        """Prefill `prompt` into rows `slots` (its takes) and reset their per-row state."""
+        s = self.s
+        idx = torch.tensor(slots, device=s.pos.device)
+        s.hidden[idx] = prefill_into(self.talker, prompt, s.cache, idx)
+        s.pos[idx] = prompt.prefill.shape[1]
+        s.t[idx] = 0
+        s.limit[idx] = max_frames
+        s.keys[idx] = keys.to(s.keys.device)
+        s.seen[idx] = False
+        s.finished[idx] = False
+        table = trailing_table(prompt, max_frames)
+        for slot in slots:
+            s.trailing[slot * s.trailing_rows: slot * s.trailing_rows + table.shape[0]] = table
+        s.trailing_last[idx] = table.shape[0] - 1
 
     def _graph(self, window: int) -> torch.cuda.CUDAGraph:
         key = (self.s.batch, window)
@@ -240,11 +259,11 @@ class GraphedFrames:
             self.capture_seconds += time.perf_counter() - t0
         return self.graphs[key]
 
-    def next_frame(self, t: int):
+    def next_frame(self, host):
+        self.position = max(host.positions())  # the longest row's next position (bench/profile_frame reads it)
         window = self._window(self.position)
         if self.capture_enabled:
             self._graph(window).replay()
         else:
             frame_body(self.talker, self.fused, self.s, window)
-        self.position += 1
-        return self.s.frame[: self.takes].clone(), ~self.s.finished[: self.takes]  # valid: not ended
+        return self.s.frame[: self.slots].clone(), self.s.valid[: self.slots].clone()

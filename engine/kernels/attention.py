@@ -1,7 +1,8 @@
 """Decode attention for one query token over a fixed window of the static cache, in one launch
 (replaces scores matmul + scaled bias add + softmax + probs @ V).
 
-q [B, nh, D]; k_cache, v_cache [B, nkv, S, D]; bias [W] additive (0 / -inf) over the first W positions.
+q [B, nh, D]; k_cache, v_cache [B, nkv, S, D]; bias [W] additive (0 / -inf) over the first W positions,
+shared by every row, or [B, 1, 1, W] (rows at different positions).
 One program per (row, kv head) handles that head's nh / nkv query heads and streams the window in
 blocks with an online softmax in fp32. Scores are rounded to the activation dtype and the scaled bias
 add rounded again, as in the torch path; the probabilities are not rounded before the V product (the
@@ -40,7 +41,7 @@ def _kernel():
 
     @triton.jit
     def attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, stride_qb, skb, skh, sks, svb, svh, svs,
-                         stride_ob, W, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                         stride_ob, stride_bias, W, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                          BLOCK_N: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -60,7 +61,7 @@ def _kernel():
             nmask = n < W
             k = tl.load(k_base + n[:, None] * sks + di[None, :], mask=nmask[:, None], other=0.0).to(tl.float32)
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2).to(dt).to(tl.float32)  # [GP, BLOCK_N]
-            bias = tl.load(bias_ptr + n, mask=nmask, other=float("-inf")).to(tl.float32)
+            bias = tl.load(bias_ptr + b * stride_bias + n, mask=nmask, other=float("-inf")).to(tl.float32)
             s = (bias[None, :] + scale * s).to(dt).to(tl.float32)
             s = tl.where(nmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -86,8 +87,9 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16):
     window = bias.shape[-1]
     q = q if q.stride(-1) == 1 and q.stride(1) == d else q.contiguous()
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and bias.is_contiguous()
+    per_row = bias.dim() > 1 and bias.shape[0] == b > 1
     out = torch.empty(b, nkv, g, d, dtype=q.dtype, device=q.device)
     _kernel()[(b, nkv)](q, k_cache, v_cache, bias, out, q.stride(0), *k_cache.stride()[:3],
-                        *v_cache.stride()[:3], out.stride(0), window, float(scale),
+                        *v_cache.stride()[:3], out.stride(0), window if per_row else 0, window, float(scale),
                         G=g, GP=max(next_pow2(g), 1), D=d, BLOCK_N=block_n, num_warps=4)
     return out

@@ -3,7 +3,8 @@
 Input qkv [B, (nh + 2 nkv) * D] is the merged projection (row stride may be larger). One program per
 (row, head) over nh + 2 nkv heads: q heads are normalised, rotated and written to q [B, nh, D]; k heads
 are normalised, rotated and written to k_cache[b, h, pos]; v heads are copied to v_cache[b, h, pos].
-`pos` is read inside the kernel from a device tensor, so a captured graph stays valid as pos advances.
+`pos` is read inside the kernel from a device tensor, so a captured graph stays valid as pos advances;
+it holds one position, or one per row (rows with different prompts), with cos/sin to match.
 
 Numerics as `reference` below (engine/model/layers.RMSNorm and apply_rope): RMSNorm in fp32 rounded to
 the dtype then scaled in the dtype; RoPE as addcmul(qk * cos, cat(x2, x1), sin_signed) with qk * cos
@@ -27,10 +28,17 @@ def reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, 
     qk = qkv[:, : (nh + nkv) * d].view(b, nh + nkv, d)
     qk = F.rms_norm(qk, (d,), eps=eps) * qk_norm_weight
     half = d // 2
+    cos, sin_signed = cos.reshape(-1, 1, d), sin_signed.reshape(-1, 1, d)  # shared, or one row per batch row
     qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), -1), sin_signed)
-    pos = pos.reshape(1)
-    k_cache.index_copy_(2, pos, qk[:, nh:, None])
-    v_cache.index_copy_(2, pos, qkv[:, (nh + nkv) * d: (nh + 2 * nkv) * d].view(b, nkv, 1, d))
+    v = qkv[:, (nh + nkv) * d: (nh + 2 * nkv) * d].view(b, nkv, d)
+    pos = pos.reshape(-1)
+    if pos.numel() == 1:
+        k_cache.index_copy_(2, pos, qk[:, nh:, None])
+        v_cache.index_copy_(2, pos, v[:, :, None])
+    else:  # rows at different positions
+        rows = torch.arange(b, device=pos.device)
+        k_cache[rows, :, pos] = qk[:, nh:]
+        v_cache[rows, :, pos] = v
     return qk[:, :nh]
 
 
@@ -42,13 +50,13 @@ def _kernel():
 
     @triton.jit
     def qk_norm_rope_kv_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr,
-                               stride_qkv, stride_q, skb, skh, sks, svb, svh, svs, eps,
+                               stride_qkv, stride_q, skb, skh, sks, svb, svh, svs, stride_pos, stride_cos, eps,
                                NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         cols = tl.arange(0, D)
         src = qkv_ptr + b * stride_qkv + h * D
-        pos = tl.load(pos_ptr)
+        pos = tl.load(pos_ptr + b * stride_pos)
         if h < NH + NKV:
             rot = (cols + D // 2) % D
             x = tl.load(src + cols).to(tl.float32)
@@ -59,8 +67,8 @@ def _kernel():
             dt = q_ptr.dtype.element_ty
             y = ((x * rinv).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
             yr = ((xr * rinv).to(dt).to(tl.float32) * wr).to(dt).to(tl.float32)
-            c = tl.load(cos_ptr + cols).to(tl.float32)
-            s = tl.load(sin_ptr + cols).to(tl.float32)
+            c = tl.load(cos_ptr + b * stride_cos + cols).to(tl.float32)
+            s = tl.load(sin_ptr + b * stride_cos + cols).to(tl.float32)
             out = ((y * c).to(dt).to(tl.float32) + yr * s).to(dt)
             if h < NH:
                 tl.store(q_ptr + b * stride_q + h * D + cols, out)
@@ -75,18 +83,22 @@ def _kernel():
 
 def qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv):
     """qkv [B, (nh + 2 nkv) * D] or [B, 1, ...]; qk_norm_weight [nh + nkv, D] contiguous; cos, sin_signed
-    [D] (any leading 1-dims); k_cache, v_cache [B, nkv, S, D] with contiguous last dim; pos a 1-element
-    long device tensor -> q [B, nh, D] (contiguous) in qkv.dtype."""
+    [D] (any leading 1-dims) or [B, D] (one position per row); k_cache, v_cache [B, nkv, S, D] with
+    contiguous last dim; pos a 1-element long device tensor, or [B] (one per row) -> q [B, nh, D]
+    (contiguous) in qkv.dtype."""
     b = qkv.shape[0]
     d = k_cache.shape[-1]
     qkv2 = qkv.reshape(b, -1)
     assert qkv2.stride(-1) == 1 and qkv2.shape[1] >= (nh + 2 * nkv) * d
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and qk_norm_weight.is_contiguous()
-    cos = cos.reshape(d)
-    sin_signed = sin_signed.reshape(d)
+    cos = cos.reshape(-1, d).contiguous()
+    sin_signed = sin_signed.reshape(-1, d).contiguous()
+    per_row = b > 1 and pos.numel() == b
+    assert cos.shape[0] == (b if per_row else 1) == sin_signed.shape[0]
     q = torch.empty(b, nh, d, dtype=qkv.dtype, device=qkv.device)
     _kernel()[(b, nh + 2 * nkv)](
         qkv2, qk_norm_weight, cos, sin_signed, q, k_cache, v_cache, pos,
-        qkv2.stride(0), q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], float(eps),
+        qkv2.stride(0), q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        1 if per_row else 0, d if per_row else 0, float(eps),
         NH=nh, NKV=nkv, D=d, num_warps=1 if d <= 128 else 2)
     return q

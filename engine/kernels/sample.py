@@ -42,11 +42,11 @@ def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=No
     logits = logits.float()
     if penalty is not None:
         logits = sampling.penalize_repeats(logits, seen, penalty)
-        mask = banned | (eos_mask & (t < min_new))
+        mask = banned | (eos_mask & (t < min_new).reshape(-1, 1))  # t: one step, or one per row
         logits = logits.masked_fill(mask, float("-inf"))
     b, vocab = logits.shape
     if u is None:
-        u = sampling.uniforms(keys, step.reshape(()), slot, vocab)
+        u = sampling.uniforms(keys, step, slot, vocab)
     if first is None:
         first = torch.zeros(b, vocab, dtype=torch.bool, device=logits.device)
         first[:, 0] = True
@@ -99,8 +99,9 @@ def _kernel():
     @triton.jit
     def sample_kernel(logits_ptr, stride_l, u_ptr, stride_u, ids_ptr,
                       do_sample_ptr, temp_ptr, kidx_ptr, top_p_ptr,
-                      keys_ptr, step_ptr, slot,
-                      penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, min_new_ptr, finished_ptr,
+                      keys_ptr, step_ptr, stride_step, slot,
+                      penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, stride_t, min_new_ptr,
+                      finished_ptr,
                       V, BLOCK: tl.constexpr, HAS_U: tl.constexpr, PENALTY: tl.constexpr, UPDATE: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
@@ -112,7 +113,7 @@ def _kernel():
             hit = tl.where(lg > 0, tl.div_rn(lg, pen), lg * pen)
             seen = tl.load(seen_ptr + row * stride_seen + cols, mask=valid, other=0) != 0
             lg = tl.where(seen, hit, lg)
-            early = tl.load(t_ptr) < tl.load(min_new_ptr)
+            early = tl.load(t_ptr + row * stride_t) < tl.load(min_new_ptr)
             banned = tl.load(banned_ptr + cols, mask=valid, other=0) != 0
             eos = tl.load(eos_ptr + cols, mask=valid, other=0) != 0
             lg = tl.where(banned | (eos & early), NEG, lg)
@@ -150,7 +151,7 @@ def _kernel():
                 u = tl.load(u_ptr + row * stride_u + cols, mask=valid, other=0.5)
             else:
                 k = tl.load(keys_ptr + row).to(tl.uint32)
-                step = tl.load(step_ptr).to(tl.uint32)
+                step = tl.load(step_ptr + row * stride_step).to(tl.uint32)
                 base = _mix32(k + step * 0x9E3779B9 + (tl.full((), 0, tl.uint32) + slot) * 0x85EBCA6B)
                 h = _mix32(_mix32(base ^ (cols.to(tl.uint32) * 0xC2B2AE35)) ^ k)
                 u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
@@ -171,9 +172,10 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
 
     Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
-    graph_sampling.kth_index). Uniforms: u [B, V] float32, or keys [B] long + step (0-d / 1-elem long
-    device tensor) + slot (int) to draw them inside.
-    Codebook 0: penalty (0-d float32), seen [B, V] bool, banned / eos_mask [V] bool, t / min_new long;
+    graph_sampling.kth_index). Uniforms: u [B, V] float32, or keys [B] long + step (1-elem long device
+    tensor, or [B]: one frame index per row) + slot (int) to draw them inside.
+    Codebook 0: penalty (0-d float32), seen [B, V] bool, banned / eos_mask [V] bool, t (1 or [B]) /
+    min_new long;
     update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool)."""
     b, vocab = logits.shape
     assert logits.stride(-1) == 1
@@ -191,14 +193,17 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     def u8(x):
         return x.view(torch.uint8) if x is not None and x.dtype == torch.bool else x
 
+    def per_row(x):  # a tensor with one value per row is read at row * 1, a shared one at offset 0
+        return 1 if x is not None and x.numel() == b and b > 1 else 0
+
     block = next_pow2(vocab)
     _kernel()[(b,)](
         logits, logits.stride(0), u if has_u else dummy, u.stride(0) if has_u else 0, ids,
         u8(do_sample), temperature, k_index, top_p,
-        keys if keys is not None else ids, step if step is not None else ids, int(slot),
+        keys if keys is not None else ids, step if step is not None else ids, per_row(step), int(slot),
         penalty if pen else dummy, u8(seen) if pen else dummy, seen.stride(0) if pen else 0,
         u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,
-        min_new if pen else ids, u8(finished) if update else dummy,
+        per_row(t) if pen else 0, min_new if pen else ids, u8(finished) if update else dummy,
         vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update),
         num_warps=4 if block <= 2048 else 8)
     return ids

@@ -79,32 +79,42 @@ def rope_tables(d, pos, dtype, device, base=1_000_000.0):
     return cos[None].to(device), torch.cat((-sin[:half], sin[half:]))[None].to(device)
 
 
-def check_qk_norm_rope_kv(device, dtype, b, nh=16, nkv=8, d=128, seq=32, pos=7, pad=64, seed=0):
-    """qkv rows with a larger stride (pad columns after the v heads), caches filled with noise."""
+def check_qk_norm_rope_kv(device, dtype, b, nh=16, nkv=8, d=128, seq=32, pos=7, pad=64, seed=0, per_row=False):
+    """qkv rows with a larger stride (pad columns after the v heads), caches filled with noise. per_row:
+    each row at its own position (pos, pos + 3, ...), with its own cos/sin row."""
     from . import qk_norm_rope_kv as k
 
     width = (nh + 2 * nkv) * d
     qkv = _rand((b, 1, width + pad), dtype, device, seed, 2.0)[..., :width]
     w = _rand((nh + nkv, d), dtype, device, seed + 1, 0.3, 1.0)
-    cos, sin = rope_tables(d, pos, dtype, device)
+    positions = [pos + 3 * i for i in range(b)] if per_row else [pos]
+    tables = [rope_tables(d, x, dtype, device) for x in positions]
+    cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
     caches = [_rand((b, nkv, seq, d), dtype, device, seed + 2 + i) for i in range(2)]
     mine = [c.clone() for c in caches]
-    p = torch.tensor([pos], device=device)
+    p = torch.tensor(positions, device=device)
     want = k.reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], p, nh, nkv)
     got = k.qk_norm_rope_kv(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, nh, nkv)
-    what = f"qk_norm_rope_kv {dtype} B={b}"
+    what = f"qk_norm_rope_kv {dtype} B={b}{' per-row positions' if per_row else ''}"
     _close(got, want, ROPE_TOL[dtype], what + " q")
     _close(mine[0], caches[0], ROPE_TOL[dtype], what + " k_cache")
     assert torch.equal(mine[1], caches[1]), what + " v_cache differs"
 
 
-def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, filled=9, seed=0, block_n=16):
+def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, filled=9, seed=0, block_n=16,
+                    per_row=False):
+    """per_row: row i sees `filled - i` positions (a [B, 1, 1, W] bias, rows of different lengths)."""
     from . import attention as k
 
     q = _rand((b, nh, d), dtype, device, seed)
     kc = _rand((b, nkv, seq, d), dtype, device, seed + 1)
     vc = _rand((b, nkv, seq, d), dtype, device, seed + 2)
-    bias = torch.where(torch.arange(window) < filled, 0.0, float("-inf")).to(dtype).to(device)
+    if per_row:
+        seen = torch.tensor([max(1, filled - i) for i in range(b)])[:, None]
+        bias = torch.where(torch.arange(window)[None] < seen, 0.0, float("-inf"))[:, None, None]
+        bias = bias.to(dtype).to(device)
+    else:
+        bias = torch.where(torch.arange(window) < filled, 0.0, float("-inf")).to(dtype).to(device)
     scale = d ** -0.5
     _close(k.attention(q, kc, vc, bias, scale, block_n=block_n), k.reference(q, kc, vc, bias, scale),
            ATTN_TOL[dtype], f"attention {dtype} B={b} W={window}")
@@ -161,8 +171,9 @@ def check_sample_exact(device, b, vocab, seed=0, rng="u", max_flips=0, **case):
             f"sample V={vocab} {case}: {int(bad.sum())} of {b} rows differ (race margins {margin.tolist()})")
 
 
-def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min_new=2):
-    """Codebook 0 in one launch: penalty + suppression + in-kernel uniforms + seen / finished update."""
+def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min_new=2, per_row=False):
+    """Codebook 0 in one launch: penalty + suppression + in-kernel uniforms + seen / finished update.
+    per_row: every row at its own frame (t + i), on both sides of min_new."""
     from .. import sampling
     from . import sample as k
 
@@ -177,9 +188,11 @@ def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min
     if do_sample:  # make EOS likely so that finished flips on some rows
         logits[: b // 2, eos_id] = 8.0
     f32 = {"device": device, "dtype": torch.float32}
-    common = {"keys": sampling.take_keys(seed, range(b), device), "step": torch.tensor([t], device=device), "slot": 0,
-                  "penalty": torch.tensor(1.3, **f32), "banned": banned, "eos_mask": eos_mask,
-                  "t": torch.tensor(t, device=device), "min_new": torch.tensor(min_new, device=device), "update": True}
+    steps = torch.tensor([t + i for i in range(b)] if per_row else [t], device=device)
+    common = {"keys": sampling.take_keys(seed, range(b), device), "step": steps, "slot": 0,
+              "penalty": torch.tensor(1.3, **f32), "banned": banned, "eos_mask": eos_mask,
+              "t": steps if per_row else steps.reshape(()), "min_new": torch.tensor(min_new, device=device),
+              "update": True}
     ref_seen, ref_fin = seen.clone(), torch.zeros(b, dtype=torch.bool, device=device)
     want = k.reference(logits, *settings, seen=ref_seen, finished=ref_fin, **common)
     my_seen, my_fin = seen.clone(), torch.zeros(b, dtype=torch.bool, device=device)

@@ -29,13 +29,19 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def copy_rows_from(self, other: "KVCache", length: int) -> None:
-        """Copy the first `length` positions of a batch-1 cache into every row of this one."""
+    def copy_rows_from(self, other: "KVCache", length: int, rows=None) -> None:
+        """Copy the first `length` positions of a batch-1 cache into every row of this one, or into `rows`
+        (a list or long tensor of row indices) only."""
         if other.batch != 1:
             raise ValueError(f"copy_rows_from expects a batch-1 source cache, got batch {other.batch}")
         if other.num_layers != self.num_layers:
             raise ValueError(f"layer count differs: {other.num_layers} vs {self.num_layers}")
         if not 0 <= length <= min(self.max_len, other.max_len):
             raise ValueError(f"length {length} exceeds a cache of max_len {min(self.max_len, other.max_len)}")
+        if rows is not None:
+            idx = torch.as_tensor(rows, dtype=torch.long, device=self.k[0].device if self.k else None)
+            for dst, src in zip(self.k + self.v, other.k + other.v):
+                dst[idx, :, :length] = src[:, :, :length]  # broadcasts over the chosen rows
+            return
         for dst, src in zip(self.k + self.v, other.k + other.v):
             dst[:, :, :length].copy_(src[:, :, :length])  # broadcasts over the batch dimension

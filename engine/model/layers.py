@@ -115,17 +115,29 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, start: int) -> torch.Tensor:
+                k_cache: torch.Tensor, v_cache: torch.Tensor, start) -> torch.Tensor:
         """x [B, L, H] at positions start..start+L-1 (same for every row).
 
         Writes this chunk's K/V into k_cache/v_cache [B, kv_heads, max_len, D] at start..start+L-1 and
-        attends causally over positions 0..start+L-1 of the cache.
+        attends causally over positions 0..start+L-1 of the cache. `start` may also be a list of one
+        position per row (single-token steps of rows with different prompts; cos/sin are then per row).
         """
         b, length, _ = x.shape
-        end = start + length
         q = self.q_norm(self.q_proj(x).view(b, length, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, length, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if isinstance(start, list):
+            # Rows at different positions: each row attends alone, with the very ops a batch-1 step runs,
+            # so a row's numerics never depend on the other rows (the projections are row-independent).
+            out = torch.cat([self._attend(q[r:r + 1], k[r:r + 1], v[r:r + 1], cos[r], sin[r],
+                                          k_cache[r:r + 1], v_cache[r:r + 1], p) for r, p in enumerate(start)])
+        else:
+            out = self._attend(q, k, v, cos, sin, k_cache, v_cache, start)
+        return self.o_proj(out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim))
+
+    def _attend(self, q, k, v, cos, sin, k_cache, v_cache, start: int) -> torch.Tensor:
+        length = q.shape[2]
+        end = start + length
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         k_cache[:, :, start:end] = k
@@ -138,11 +150,11 @@ class Attention(nn.Module):
             keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
             mask = None
             if length > 1:  # chunk appended to an existing prefix: query i sees keys 0..start+i
-                rows = torch.arange(start, end, device=x.device)[:, None]
-                cols = torch.arange(end, device=x.device)[None, :]
+                rows = torch.arange(start, end, device=q.device)[:, None]
+                cols = torch.arange(end, device=q.device)[None, :]
                 mask = cols <= rows
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
-        return self.o_proj(out.transpose(1, 2).reshape(b, length, self.num_heads * self.head_dim))
+        return out
 
 
 class SwiGLU(nn.Module):
@@ -184,11 +196,17 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 
-    def forward(self, x: torch.Tensor, cache, start: int) -> torch.Tensor:
-        """x [B, L, H] at positions start..start+L-1 -> hidden after the final norm, [B, L, H]."""
+    def forward(self, x: torch.Tensor, cache, start) -> torch.Tensor:
+        """x [B, L, H] at positions start..start+L-1 -> hidden after the final norm, [B, L, H].
+        `start` may be a list of one position per row when L == 1 (rows with different prompts)."""
         if cache.batch != x.shape[0]:
             raise ValueError(f"input batch {x.shape[0]} does not match the KV cache batch {cache.batch}")
-        positions = torch.arange(start, start + x.shape[1], device=x.device)
+        if isinstance(start, list):
+            if x.shape[1] != 1 or len(start) != x.shape[0]:
+                raise ValueError("per-row positions need single-token steps and one position per row")
+            positions = torch.tensor(start, device=x.device)  # row r's cos/sin are row r of the table
+        else:
+            positions = torch.arange(start, start + x.shape[1], device=x.device)
         cos, sin = self.rotary(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], start)

@@ -60,12 +60,13 @@ class Talker(nn.Module):
         c = self.cfg.layers
         return KVCache(c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, w.dtype, w.device)
 
-    def forward_hidden(self, embeds: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+    def forward_hidden(self, embeds: torch.Tensor, cache: KVCache, start) -> torch.Tensor:
         """embeds [B, L, H] at positions start..start+L-1 -> hidden after the final norm, [B, L, H].
 
-        Writes K/V at cache positions start..start+L-1. Every row shares the positions (no padding).
+        Writes K/V at cache positions start..start+L-1. Every row shares the positions (no padding), or,
+        for single-token steps, `start` is a list with one position per row.
         """
-        end = start + embeds.shape[1]
+        end = (max(start) if isinstance(start, list) else start) + embeds.shape[1]
         if end > cache.max_len:
             raise PromptTooLongError(
                 f"talker step needs cache positions up to {end} but the cache holds {cache.max_len}; "
