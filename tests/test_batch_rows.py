@@ -127,7 +127,7 @@ def test_static_frame_body_serves_mixed_rows(custom, monkeypatch, greedy):
     params = params.greedy() if greedy else params
     rows = []
     for k, item in enumerate(custom_items()):
-        prompt, _, frames = custom._prepare(item.request, item.takes, params, item.max_new_tokens)
+        prompt, _, frames = custom._prepare(item.request, item.takes, params, max_new_tokens=item.max_new_tokens)
         rows += [Row(prompt, 1000 + 7 * k + i, frames) for i in range(item.takes)]
 
     def run(runner):
