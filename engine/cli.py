@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("synth", help="synthesise speech to WAV")
     s.add_argument("--model", type=Path, help="checkpoint directory; without it a tiny RANDOM checkpoint is used (noise)")
+    s.add_argument("--codec-dir", type=Path, help="codec to use: a checkpoint folder with speech_tokenizer/, or that "
+                   "folder itself (default: the checkpoint's own, else a compatible sibling checkpoint's)")
     s.add_argument("--mode", choices=["custom", "design", "clone"], help="default: the checkpoint's own mode")
     s.add_argument("--text", default="Hello from Qwen3-TTS Fast. This is a test of the engine.")
     s.add_argument("--language", default="auto")
@@ -91,7 +93,7 @@ def synth(args) -> dict:
               "The audio is noise, not speech.", file=sys.stderr)
     t_load = time.perf_counter()
     engine = Engine.load(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
-                         triton=args.triton, max_takes=max(16, args.takes))
+                         triton=args.triton, max_takes=max(16, args.takes), codec_dir=args.codec_dir)
     load_s = time.perf_counter() - t_load
     mode = args.mode or MODE_OF_MODEL[engine.model_type]
     params = engine.defaults
@@ -153,6 +155,7 @@ def synth(args) -> dict:
         "ms_per_frame": round(1000 * wall / max(frames_total, 1), 2),
         "ttfa_s": round(ttfa, 4) if ttfa is not None else None, "load_s": round(load_s, 2),
         "mode": mode, "engine": engine.info.summary(), "random_weights": random_weights, "outputs": outs,
+        "codec_dir": engine.info.codec_dir, "codec_origin": engine.info.codec_origin,
     }
 
 

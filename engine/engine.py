@@ -39,6 +39,8 @@ class EngineInfo:
     cuda_graphs: bool = False
     kernels: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    codec_dir: str = ""  # the codec folder in use (speech_tokenizer/ of this or another checkpoint)
+    codec_origin: str = "own"  # own | chosen (codec_dir given) | sibling (found next to the checkpoint)
 
     def summary(self) -> str:
         graphs = "on" if self.cuda_graphs else "off"
@@ -119,7 +121,10 @@ class Engine:
 
     @classmethod
     def load(cls, model_dir, device="auto", dtype="auto", cuda_graphs="auto", triton="auto",
-             max_takes: int = 16, max_seq_len: int = 4096) -> Engine:
+             max_takes: int = 16, max_seq_len: int = 4096, codec_dir=None) -> Engine:
+        """Load a checkpoint folder. codec_dir: a codec folder (or a checkpoint folder with speech_tokenizer/)
+        to use instead of the checkpoint's own; without it a folder that has no speech_tokenizer/ borrows the
+        codec of a compatible checkpoint next to it. info.codec_dir / info.codec_origin say which was used."""
         from .checkpoint.loader import load_components
 
         for name, value in (("cuda_graphs", cuda_graphs), ("triton", triton)):
@@ -139,10 +144,14 @@ class Engine:
             raise UnsupportedConfigError(f"{exc}. Set Triton kernels to auto or off.") from exc
         notes = [kernel_note]
         t0 = time.perf_counter()
-        parts = load_components(Path(model_dir), dev, dt)
+        parts = load_components(Path(model_dir), dev, dt, None if codec_dir is None else Path(codec_dir))
         cfg: ModelConfig = parts["config"]
+        source = parts["codec_source"]
+        if source.origin != "own":
+            notes.append(source.describe())
         info = EngineInfo(model_dir=str(model_dir), model_type=cfg.tts_model_type, model_size=cfg.tts_model_size,
-                          device=str(dev), dtype=str(dt).replace("torch.", ""), notes=notes)
+                          device=str(dev), dtype=str(dt).replace("torch.", ""), notes=notes,
+                          codec_dir=str(source.path), codec_origin=source.origin)
         engine = cls(cfg=cfg, defaults=parts["defaults"], tokenizer=parts["tokenizer"],
                      talker=parts["talker"], speaker_encoder=parts["speaker_encoder"], codec=parts["codec"],
                      device=dev, dtype=dt, info=info, max_takes=max_takes, max_seq_len=max_seq_len)

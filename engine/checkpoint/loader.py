@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig, read_generation_config
+from .codec_source import resolve_codec
 from .reader import check_layout, load_state_dict_into
 
 
@@ -27,7 +28,7 @@ def materialize(build, device: torch.device, dtype: torch.dtype, weights: Path, 
     return module.eval().requires_grad_(False)
 
 
-def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype) -> dict:
+def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype, codec_dir: Path | None = None) -> dict:
     from ..codec.config import CodecConfig
     from ..codec.decoder import CodecDecoder
     from ..codec.model import SpeechTokenizer
@@ -35,8 +36,10 @@ def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype) -
     from ..text_tokenizer import TextTokenizer
 
     model_dir = Path(model_dir)
-    check_layout(model_dir)
+    check_layout(model_dir, own_codec=codec_dir is None)
     cfg = ModelConfig.from_dir(model_dir)
+    source = resolve_codec(model_dir, codec_dir, cfg.tts_model_size, cfg.talker.num_code_groups,
+                           cfg.talker.predictor.vocab_size)
     defaults = read_generation_config(model_dir)
     tokenizer = TextTokenizer.from_dir(model_dir)
     weights = model_dir / "model.safetensors"
@@ -49,8 +52,8 @@ def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype) -
         speaker_encoder = materialize(lambda: SpeakerEncoder(cfg.speaker_encoder), device, dtype, weights,
                                       "speaker_encoder.")
 
-    codec_cfg = CodecConfig.from_dir(model_dir)
-    codec_weights = model_dir / "speech_tokenizer" / "model.safetensors"
+    codec_cfg = CodecConfig.from_file(source.path / "config.json")
+    codec_weights = source.path / "model.safetensors"
     decoder = materialize(lambda: CodecDecoder(codec_cfg.decoder), device, dtype, codec_weights, "decoder.")
     codec = SpeechTokenizer(codec_cfg, decoder=decoder)
     if cfg.tts_model_type == "base":  # reference codes are only needed for ICL cloning
@@ -59,4 +62,4 @@ def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype) -
         codec.encoder = materialize(lambda: MimiEncoder(codec_cfg.encoder, codec_cfg.encoder_valid_num_quantizers),
                                     device, dtype, codec_weights, "encoder.")
     return {"config": cfg, "defaults": defaults, "tokenizer": tokenizer, "talker": talker,
-            "speaker_encoder": speaker_encoder, "codec": codec}
+            "speaker_encoder": speaker_encoder, "codec": codec, "codec_source": source}

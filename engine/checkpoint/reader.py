@@ -11,13 +11,14 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from . import codec_source
 
-REQUIRED_FILES = (
+MAIN_FILES = (
     "config.json", "generation_config.json", "model.safetensors",
     "vocab.json", "merges.txt", "tokenizer_config.json", "preprocessor_config.json",
-    "speech_tokenizer/config.json", "speech_tokenizer/model.safetensors",
-    "speech_tokenizer/preprocessor_config.json",
 )
+CODEC_FILES = tuple(f"{codec_source.CODEC_SUBDIR}/{f}" for f in codec_source.CODEC_FILES)
+REQUIRED_FILES = MAIN_FILES + CODEC_FILES  # a complete checkpoint as published
 
 _LAYOUT = (
     "A Qwen3-TTS-12Hz checkpoint directory holds config.json, generation_config.json, model.safetensors, "
@@ -27,16 +28,21 @@ _LAYOUT = (
 )
 
 
-def check_layout(model_dir: str | Path) -> Path:
-    """Raise CheckpointError naming the first missing file; return the directory as a Path."""
+def check_layout(model_dir: str | Path, own_codec: bool = True) -> Path:
+    """Raise CheckpointError naming the first missing file; return the directory as a Path.
+
+    The codec files are checked where speech_tokenizer/ exists and own_codec is True; a folder without it
+    may borrow another checkpoint's codec (checkpoint/codec_source.py)."""
     d = Path(model_dir)
     if not d.is_dir():
         raise CheckpointError(f"checkpoint directory {d} does not exist or is not a folder. {_LAYOUT}")
-    missing = [rel for rel in REQUIRED_FILES if not (d / rel).is_file()]
+    wanted = MAIN_FILES + (CODEC_FILES if own_codec and (d / "speech_tokenizer").is_dir() else ())
+    missing = [rel for rel in wanted if not (d / rel).is_file()]
     if missing:
         codec_only = all(m.startswith("speech_tokenizer/") for m in missing)
         hint = (" The codec files go into the speech_tokenizer/ subfolder of the model directory (the published "
-                "model repositories ship it there)." if codec_only else "")
+                "model repositories ship it there); delete an incomplete speech_tokenizer/ to use the codec "
+                "of another installed checkpoint instead." if codec_only else "")
         raise CheckpointError(
             f"checkpoint {d} is incomplete: missing {d / missing[0]}"
             + (f" (and {len(missing) - 1} more: {', '.join(missing[1:])})" if len(missing) > 1 else "")
