@@ -1,6 +1,8 @@
 """Run a request through the engine from a node: segments, progress, interrupt, errors -> AUDIO.
 
-Engine-facing only through docs/ENGINE_API.md: Request, SamplingParams.replace, generate, stream.
+Engine-facing only through docs/ENGINE_API.md: Request, BatchItem, SamplingParams.replace, generate_batch,
+stream. Long text is split into segments that decode as rows of one batch (generate_batch), each row
+equal to that segment generated alone, and are joined in order.
 """
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ from .text_split import DEFAULT_MAX_UNITS, PROMPT_OVERHEAD, segment_budget, spli
 def _engine_api():
     from ..engine import Request, check_take_range, errors
     return Request, errors, check_take_range
+
+
+def _batch_item():
+    from ..engine import BatchItem
+    return BatchItem
 
 
 @contextlib.contextmanager
@@ -96,14 +103,14 @@ class Job:
             return fn()
 
     def generate(self) -> dict:
-        parts = []
-        for k in range(len(self.segments)):
-            res = self.call(lambda k=k: self.engine.generate(
-                self.request(k), takes=self.takes, seed=self.seed_for(k), params=self.params,
-                take_offset=self.first_take, on_progress=self.progress.on_progress,
-                should_stop=mm.processing_interrupted))
-            parts.append((res.audio, list(res.lengths)))
-            self.progress.next_segment()
+        """Every segment (times its takes) is a row of one batch; progress counts frames over all rows.
+        Take i of every segment draws from stream (seed_for(k), first_take + i), as generated alone."""
+        BatchItem = _batch_item()
+        items = [BatchItem(self.request(k), takes=self.takes, seed=self.seed_for(k), take_offset=self.first_take)
+                 for k in range(len(self.segments))]
+        results = self.call(lambda: self.engine.generate_batch(
+            items, params=self.params, on_progress=self._report, should_stop=mm.processing_interrupted))
+        parts = [(res.audio, list(res.lengths)) for res in results]
         wav, lengths = join_segments(parts, self.engine.sample_rate)
         return make_audio(wav, lengths, self.engine.sample_rate, self.origin())
 

@@ -213,6 +213,29 @@ def test_first_take_renders_one_take_of_a_run_alone(server):
     assert np.abs(x - take1).max() > 0.01
 
 
+def test_long_text_rows_equal_its_segments_generated_alone_and_joined(server):
+    """Long text: the segments decode as rows of one batch; the AUDIO equals each segment run on its own
+    (seed + k, same first_take) joined by join_segments. 16-bit files: within a step or two."""
+    import torch
+    from _q3support import load_pure
+
+    au, ts = load_pure("audio_utils"), load_pure("text_split")
+    text = "A first sentence to say. Then a second one, a bit longer than that. And a third."
+    pieces = ts.split_text(text, 30)  # the node's budget for max_segment_chars=30 with a 4096-position cache
+    assert len(pieces) >= 3
+    whole = run(server, _custom_prompt(server, 50, takes=2, first_take=1, text=text, max_segment_chars=30))
+    got = [read_audio(p)[0] for p in sorted(outputs_by_prefix(whole, server.base)["custom_voice_all_takes"])]
+    parts = []
+    for k, piece in enumerate(pieces):
+        alone = run(server, _custom_prompt(server, 50 + k, takes=2, first_take=1, text=piece))
+        takes = [read_audio(p)[0] for p in sorted(outputs_by_prefix(alone, server.base)["custom_voice_all_takes"])]
+        parts.append((torch.tensor(np.stack(takes)), [len(t) for t in takes]))
+    want, lengths = au.join_segments(parts)
+    for i in range(2):
+        assert got[i].shape[0] == lengths[i] == len(pieces) * FRAMES * SPF + (len(pieces) - 1) * int(au.GAP_S * 24000)
+        assert np.abs(got[i] - want[i, : lengths[i]].numpy()).max() <= 3 / 32768
+
+
 def test_first_take_beyond_the_stream_range_is_a_node_error(server):
     entry = run(server, _custom_prompt(server, 7, takes=2, first_take=2**32 - 1))
     assert entry["status"]["status_str"] == "error"
