@@ -66,6 +66,20 @@ def test_qk_norm_rope_kv(dtype, b):
         st.check_qk_norm_rope_kv(DEV, dtype, b, seq=2048, pos=pos, seed=b + pos)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_qk_norm_rope_kv_rows_at_their_own_positions(dtype):
+    st.check_qk_norm_rope_kv(DEV, dtype, 16, seq=2048, pos=1000, seed=7, per_row=True)
+
+
+def test_attention_rows_of_different_lengths():
+    for dtype in DTYPES:
+        st.check_attention(DEV, dtype, 16, seq=600, window=512, filled=500, block_n=64, per_row=True)
+
+
+def test_sample_codebook0_rows_at_their_own_frames():
+    st.check_sample_penalty(DEV, 16, t=0, min_new=8, per_row=True)
+
+
 def test_qk_norm_rope_kv_in_cuda_graph():
     """pos is read on the device: one captured graph writes wherever pos points at replay."""
     from engine.kernels import qk_norm_rope_kv as k
