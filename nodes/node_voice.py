@@ -1,7 +1,9 @@
 """Voices: ExtractSpeakerEmbedding, SaveVoice and LoadVoice (safetensors in models/qwen3_tts/voices/)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 
 from . import comfy_paths, common, engine_cache, paths
 from .audio_utils import batch_item
@@ -72,12 +74,21 @@ class SaveVoice(io.ComfyNode):
     @classmethod
     def execute(cls, voice, name, overwrite) -> io.NodeOutput:
         fname = paths.check_voice_name(name)
-        path = os.path.join(comfy_paths.voice_save_dir(), fname)  # Voice.save makes the folder
+        path = os.path.join(comfy_paths.voice_save_dir(), fname)
         if os.path.exists(path) and not overwrite:
             raise FileExistsError(f"SaveVoice: {path} exists; enable overwrite or choose another name")
-        tmp = path + ".tmp"
-        voice.save(tmp)
-        os.replace(tmp, path)
+        # A fresh, exclusively created temporary name (never a fixed one a link could be planted at, never
+        # shared by two saves), renamed into place; removed again if the save fails.
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{fname}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            voice.save(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         saved = fname[: -len(paths.VOICE_EXT)]
         return io.NodeOutput(saved, ui={"text": [f"saved {path}"]})
 
