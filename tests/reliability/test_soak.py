@@ -99,7 +99,11 @@ def test_soak_load_release_cycles_through_the_node_cache(tiny_checkpoints, figur
         if os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":
             pytest.fail(why)
         pytest.skip(why)
-    mm, cache = comfy_inproc.engine_cache()
+    with comfy_inproc.engine_cache() as (mm, cache):
+        _cycles(mm, cache, tiny_checkpoints, figure)
+
+
+def _cycles(mm, cache, tiny_checkpoints, figure):
     keys = [cache.EngineKey(model_dir=str(tiny_checkpoints[mt]), device="cpu", dtype="fp32", cuda_graphs="auto",
                             triton="auto", max_takes=2) for mt in ("custom_voice", "voice_design")]
     reqs = [Request(mode="custom", text="Load, speak, release.", speaker="ryan"),

@@ -12,15 +12,19 @@ from engine import Voice
 from tests.reliability import comfy_inproc
 
 
-@pytest.fixture
-def save_voice(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def node_voice():
     why = comfy_inproc.comfy_missing()
     if why:
         if os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":
             pytest.fail(why)
         pytest.skip(why)
-    comfy_inproc.engine_cache()  # ComfyUI's modules and the pack alias
-    node_voice = importlib.import_module(f"{comfy_inproc.ALIAS}.nodes.node_voice")
+    with comfy_inproc.engine_cache():  # ComfyUI's modules and the pack alias
+        yield importlib.import_module(f"{comfy_inproc.ALIAS}.nodes.node_voice")
+
+
+@pytest.fixture
+def save_voice(node_voice, tmp_path, monkeypatch):
     voices = tmp_path / "voices"
     monkeypatch.setattr(node_voice.comfy_paths, "voice_save_dir", lambda: str(voices))
     return node_voice.SaveVoice, voices
