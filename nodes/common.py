@@ -83,12 +83,24 @@ def check_combo(name: str, value, options: list[str]) -> bool | str:
     return f"{name} {value!r} is not one of {options}"
 
 
+def speaker_options() -> list[str]:
+    """The nine preset speakers, then the speakers of every CustomVoice checkpoint found whose name is new
+    (fine-tuned ones: the official SFT script writes its own name into config.json)."""
+    from . import comfy_paths, paths
+
+    known = {s.lower() for s in SPEAKERS}
+    extra = [s for s in paths.checkpoint_speakers(comfy_paths.checkpoints().values()) if s.lower() not in known]
+    return SPEAKERS + list(dict.fromkeys(extra))
+
+
 def check_generator(text, language, speaker=None) -> bool | str:
     """validate_inputs of the generator nodes: the first failing check's message, else True. (Numeric
     inputs are left out on purpose: ComfyUI skips its own min/max check for every input named here; the
     first_take + takes range is checked by the Job before the engine loads.)"""
-    for check in (check_text(text), check_combo("language", language, LANGUAGES),
-                  check_combo("speaker", speaker, SPEAKERS)):
+    checks = [check_text(text), check_combo("language", language, LANGUAGES)]
+    if speaker is not None:  # a linked or absent speaker is checked by the engine
+        checks.append(check_combo("speaker", speaker, speaker_options()))
+    for check in checks:
         if check is not True:
             return check
     return True

@@ -34,6 +34,7 @@ class EngineKey:
     triton: str
     max_takes: int
     max_seq_len: int = 4096
+    codec_dir: str = ""  # empty: the checkpoint's own codec, else a sibling's (the engine decides and says which)
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,10 @@ def comfy_device() -> str:
     return f"{dev.type}:{dev.index}"
 
 
-def _weight_bytes(model_dir: str) -> int:
+def _weight_bytes(model_dir: str, codec_dir: str) -> int:
     total = 0
-    for sub in ("", "speech_tokenizer"):
-        p = os.path.join(model_dir, sub, "model.safetensors")
+    for folder in (model_dir, codec_dir):
+        p = os.path.join(folder, "model.safetensors")
         if os.path.isfile(p):
             total += os.path.getsize(p)
     return max(total, 1)
@@ -102,10 +103,11 @@ def _load(key: EngineKey) -> _Entry:
     log.info("Qwen3-TTS: loading %s (device=%s dtype=%s graphs=%s triton=%s max_takes=%d)", key.model_dir,
              key.device, key.dtype, key.cuda_graphs, key.triton, key.max_takes)
     engine = Engine.load(key.model_dir, device=key.device, dtype=key.dtype, cuda_graphs=key.cuda_graphs,
-                         triton=key.triton, max_takes=key.max_takes, max_seq_len=key.max_seq_len)
+                         triton=key.triton, max_takes=key.max_takes, max_seq_len=key.max_seq_len,
+                         codec_dir=key.codec_dir or None)
     patcher = comfy.model_patcher.ModelPatcher(_Standin(), load_device=mm.get_torch_device(),
                                                offload_device=mm.unet_offload_device(),
-                                               size=_weight_bytes(key.model_dir))
+                                               size=_weight_bytes(key.model_dir, engine.info.codec_dir))
     patcher.add_callback(CallbacksMP.ON_LOAD, _on_load)
     patcher.add_callback(CallbacksMP.ON_DETACH, _on_detach(key))
     return _Entry(engine, patcher)

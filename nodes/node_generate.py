@@ -52,8 +52,9 @@ class CustomVoice(io.ComfyNode):
                         "optionally steered by an instruction (1.7B only; the 0.6B model ignores it). "
                         "Outputs N takes as one AUDIO batch.",
             inputs=[common.model_input(), common.text_input(),
-                    io.Combo.Input("speaker", options=common.SPEAKERS, default="Vivian",
-                                   tooltip="Preset speaker of the CustomVoice checkpoint."),
+                    io.Combo.Input("speaker", options=common.speaker_options(), default="Vivian",
+                                   tooltip="Speaker of the CustomVoice checkpoint: the nine presets, then the "
+                                           "speakers of fine-tuned checkpoints found (from their config.json)."),
                     io.String.Input("instruct", multiline=True, default="", optional=True,
                                     tooltip="Optional style instruction, e.g. 'Speak slowly and warmly.' "
                                             "Ignored by the 0.6B CustomVoice model."),

@@ -13,6 +13,11 @@ SWITCH = ["auto", "on", "off"]
 NO_DOWNLOAD = "no (use checkpoint)"
 NONE_FOUND = "(no checkpoint found - see tooltip)"
 DOWNLOAD_OPTIONS = [NO_DOWNLOAD, *paths.OFFICIAL_REPOS]
+CODEC_AUTO = "auto (its own, else a sibling's)"
+
+
+def _codec_options() -> list[str]:
+    return [CODEC_AUTO, *paths.codec_choices(comfy_paths.checkpoints())]
 
 
 def _describe(engine, name: str) -> str:
@@ -59,6 +64,10 @@ class LoadQwen3TTS(io.ComfyNode):
                                tooltip="Only when set: fetch this official repo with huggingface_hub into "
                                        "models/qwen3_tts/<repo name> (if not already there) and load it "
                                        "instead of 'checkpoint'."),
+                io.Combo.Input("codec", options=_codec_options(), default=CODEC_AUTO, optional=True,
+                               tooltip="The codec (speech_tokenizer/) to run with. auto: the checkpoint's own; a "
+                                       "repacked folder without one borrows a compatible checkpoint's next to it. "
+                                       "Or name the checkpoint whose codec to use. The info output says which."),
             ],
             outputs=[
                 Qwen3TTSModel.Output(display_name="model", tooltip="The loaded model for the generator nodes."),
@@ -67,10 +76,11 @@ class LoadQwen3TTS(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, checkpoint, dtype, cuda_graphs, triton, download=NO_DOWNLOAD) -> bool | str:
+    def validate_inputs(cls, checkpoint, dtype, cuda_graphs, triton, download=NO_DOWNLOAD,
+                        codec=CODEC_AUTO) -> bool | str:
         for name, value, options in (("dtype", dtype, DTYPES), ("cuda_graphs", cuda_graphs, SWITCH),
                                      ("triton", triton, SWITCH),
-                                     ("download", download, DOWNLOAD_OPTIONS)):
+                                     ("download", download, DOWNLOAD_OPTIONS), ("codec", codec, _codec_options())):
             ok = check_combo(name, value, options)
             if ok is not True:
                 return ok
@@ -80,7 +90,8 @@ class LoadQwen3TTS(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, checkpoint, dtype, cuda_graphs, triton, max_takes, download=NO_DOWNLOAD) -> io.NodeOutput:
+    def execute(cls, checkpoint, dtype, cuda_graphs, triton, max_takes, download=NO_DOWNLOAD,
+                codec=CODEC_AUTO) -> io.NodeOutput:
         if download and download != NO_DOWNLOAD:
             model_dir, name = comfy_paths.download(download), download.split("/", 1)[1]
         else:
@@ -89,8 +100,16 @@ class LoadQwen3TTS(io.ComfyNode):
                 raise FileNotFoundError(f"LoadQwen3TTS: checkpoint {checkpoint!r} not found under "
                                         f"{comfy_paths.own_dir()}")
             model_dir, name = found[checkpoint], checkpoint
+        codec_dir = ""
+        if codec and codec != CODEC_AUTO:
+            found = comfy_paths.checkpoints()
+            if codec not in found:
+                raise FileNotFoundError(f"LoadQwen3TTS: codec checkpoint {codec!r} not found under "
+                                        f"{comfy_paths.own_dir()}")
+            codec_dir = os.path.realpath(found[codec])
         key = engine_cache.EngineKey(model_dir=os.path.realpath(model_dir), device=engine_cache.comfy_device(),
-                                     dtype=dtype, cuda_graphs=cuda_graphs, triton=triton, max_takes=int(max_takes))
+                                     dtype=dtype, cuda_graphs=cuda_graphs, triton=triton, max_takes=int(max_takes),
+                                     codec_dir=codec_dir)
         engine = engine_cache.acquire(key)
         info = _describe(engine, name)
         ref = engine_cache.ModelRef(key=key, name=name, model_type=engine.model_type)

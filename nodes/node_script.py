@@ -71,7 +71,7 @@ class Script(io.ComfyNode):
         try:
             events, cast = _parse(script, voices)
             lines = [e for e in events if isinstance(e, Utterance)]
-            fields = line_requests(lines, cast, model.model_type, common.SPEAKERS, slots)
+            fields = line_requests(lines, cast, model.model_type, common.speaker_options(), slots)
         except ScriptError as exc:
             raise ValueError(f"Script: {exc}") from exc
         out = run_script("Script", model, events, fields, language, seed, round(float(line_gap) * 1000),

@@ -45,8 +45,9 @@ class StreamChunks(io.ComfyNode):
                                  tooltip="Codec frames per chunk (12.5 frames = 1 s). Smaller: earlier first "
                                          "audio, more overhead."),
                     common.language_input(), common.seed_input(),
-                    io.Combo.Input("speaker", options=common.SPEAKERS, default="Vivian", optional=True,
-                                   tooltip="CustomVoice checkpoints: the preset speaker."),
+                    io.Combo.Input("speaker", options=common.speaker_options(), default="Vivian", optional=True,
+                                   tooltip="CustomVoice checkpoints: a preset speaker, or one of a fine-tuned "
+                                           "checkpoint found (from its config.json)."),
                     io.String.Input("instruct", multiline=True, default="", optional=True,
                                     tooltip="CustomVoice: optional style instruction. VoiceDesign: the voice "
                                             "description."),

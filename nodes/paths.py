@@ -6,6 +6,7 @@ the folders other Qwen3-TTS packs use. Names shown in the loader are paths relat
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -56,6 +57,30 @@ def find_checkpoints(roots: list[str]) -> dict[str, str]:
             if depth >= MAX_DEPTH:
                 dirnames[:] = []
     return dict(sorted(found.items(), key=lambda kv: kv[0].lower()))
+
+
+def checkpoint_speakers(checkpoint_dirs) -> list[str]:
+    """Speaker names of the CustomVoice checkpoints among the directories (`talker_config.spk_id` keys of their
+    config.json, as written there), in order of first appearance; unreadable configs are skipped."""
+    names: dict[str, None] = {}
+    for d in checkpoint_dirs:
+        try:
+            with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
+                cfg = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(cfg, dict) or cfg.get("tts_model_type") != "custom_voice":
+            continue
+        spk = (cfg.get("talker_config") or {}).get("spk_id") or {}
+        if isinstance(spk, dict):
+            names.update((str(k), None) for k in spk)
+    return list(names)
+
+
+def codec_choices(found: dict[str, str]) -> list[str]:
+    """Names of the found checkpoints that carry a codec (speech_tokenizer/config.json), for the loader's
+    `codec` input."""
+    return [name for name, d in found.items() if os.path.isfile(os.path.join(d, "speech_tokenizer", "config.json"))]
 
 
 def check_voice_name(name: str) -> str:

@@ -282,3 +282,45 @@ def test_unusable_reference_audio_is_a_node_error(comfy, tmp_path_factory, wavef
     with pytest.raises(RuntimeError, match=f"ExtractSpeakerEmbedding: reference audio.*{needle}"):
         node.execute(ref, {"waveform": waveform, "sample_rate": rate}, 0, ref_text="Some words.")
     cache.release(key)
+
+
+@pytest.mark.engine
+def test_finetuned_speaker_is_listed_and_a_repacked_folder_borrows_a_codec(comfy):
+    """A fine-tuned checkpoint's own speaker appears in CustomVoice's speaker list and validates; a folder without
+    speech_tokenizer/ loads with a sibling's codec (auto) or the one chosen in the loader, and the info says so."""
+    import shutil
+
+    from engine.checkpoint.writer import write_random_checkpoint
+
+    root = comfy["base"] / "models" / "qwen3_tts"
+    complete = write_random_checkpoint(root / "zz-tiny-cv", "tiny", "custom_voice")
+    repacked = shutil.copytree(complete, root / "zz-tiny-sft", ignore=shutil.ignore_patterns("speech_tokenizer"))
+    cfg = json.loads((repacked / "config.json").read_text())
+    cfg["talker_config"]["spk_id"] = {"Speaker_Test": 3000}
+    cfg["talker_config"]["spk_is_dialect"] = {"Speaker_Test": False}
+    (repacked / "config.json").write_text(json.dumps(cfg))
+    mappings = comfy["nodes"].NODE_CLASS_MAPPINGS
+    try:
+        for node in ("CustomVoice", "StreamChunks"):
+            info = mappings[PREFIX + node].GET_NODE_INFO_V1()
+            section = "required" if "speaker" in info["input"]["required"] else "optional"
+            options = info["input"][section]["speaker"][1]["options"]
+            assert options[:9] == ["Vivian", "Serena", "Uncle_Fu", "Dylan", "Eric", "Ryan", "Aiden", "Ono_Anna",
+                                   "Sohee"] and options[9:] == ["Speaker_Test"], options
+        prompt = _gen_prompt(speaker="Speaker_Test")
+        prompt["1"]["inputs"]["checkpoint"] = "zz-tiny-sft"
+        ok, errors, _ = _validate(comfy, prompt, "2")
+        assert ok is True, errors
+        loader_info = mappings[PREFIX + "LoadQwen3TTS"].GET_NODE_INFO_V1()
+        assert loader_info["input"]["optional"]["codec"][1]["options"][1:] == ["zz-tiny-cv"]
+        loader = mappings[PREFIX + "LoadQwen3TTS"]
+        cache = _pack_module("engine_cache")
+        for codec, says in (("auto (its own, else a sibling's)", "found automatically"),
+                            ("zz-tiny-cv", "chosen by the user")):
+            out = loader.execute("zz-tiny-sft", "fp32", "off", "off", 1, codec=codec)
+            ref, text = out.result
+            assert says in text and str(complete.resolve() / "speech_tokenizer") in text, text
+            assert cache.release(ref.key)
+    finally:
+        shutil.rmtree(repacked)
+        shutil.rmtree(complete)

@@ -1,4 +1,5 @@
 """Sampling overrides, progress over segments, checkpoint/voice paths (pure helpers)."""
+import json
 import os
 
 import pytest
@@ -76,3 +77,27 @@ def test_list_voices_and_repo_target(tmp_path):
         "/m", "qwen3_tts", "Qwen3-TTS-12Hz-0.6B-Base")
     with pytest.raises(ValueError):
         paths.repo_target("/m", "someone/else")
+
+
+def test_checkpoint_speakers_and_codec_choices(tmp_path):
+    """The CustomVoice speaker list reads each CustomVoice checkpoint's own config.json (a fine-tuned speaker
+    appears as written); the loader's codec choices are the checkpoints that carry speech_tokenizer/."""
+    def ckpt(name, cfg, codec=False):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        if codec:
+            (d / "speech_tokenizer").mkdir()
+            (d / "speech_tokenizer" / "config.json").write_text("{}")
+        return str(d)
+
+    found = {
+        "sft": ckpt("sft", {"tts_model_type": "custom_voice", "talker_config": {"spk_id": {"My_Speaker": 3000}}}),
+        "cv": ckpt("cv", {"tts_model_type": "custom_voice", "talker_config": {"spk_id": {"ryan": 3061, "x": 3001}}},
+                   codec=True),
+        "base": ckpt("base", {"tts_model_type": "base", "talker_config": {"spk_id": {"hidden": 1}}}, codec=True),
+        "broken": ckpt("broken", {}),
+    }
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    assert paths.checkpoint_speakers(found.values()) == ["My_Speaker", "ryan", "x"]
+    assert paths.codec_choices(found) == ["cv", "base"]
