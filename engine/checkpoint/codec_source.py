@@ -94,4 +94,4 @@ def resolve_codec(model_dir: Path, codec_dir: str | Path | None, size: str, num_
         f"checkpoint {model_dir} has no {CODEC_SUBDIR}/ folder (the 12 Hz codec: {', '.join(CODEC_FILES)}), and "
         f"no checkpoint next to it in {model_dir.resolve().parent} has one that fits. Install any official "
         "Qwen3-TTS-12Hz checkpoint (or Qwen/Qwen3-TTS-Tokenizer-12Hz) in that folder, copy its "
-        f"{CODEC_SUBDIR}/ into {model_dir}, or choose a codec folder (loader input "codec", Engine.load codec_dir, CLI --codec-dir).")
+        f"{CODEC_SUBDIR}/ into {model_dir}, or choose a codec folder (loader input 'codec', Engine.load codec_dir, CLI --codec-dir).")
