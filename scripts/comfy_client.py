@@ -13,6 +13,7 @@ the output files.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -106,13 +107,26 @@ class Comfy:
         raise TimeoutError(f"prompt {prompt_id} did not finish in {timeout} s")
 
 
+def newest_frontend(comfy_dir: Path) -> Path | None:
+    """WORK/frontend-newest beside WORK/ComfyUI (scripts/setup_frontend_newest.sh), or None if not installed."""
+    folder = Path(comfy_dir).parent / "frontend-newest"
+    return folder if (folder / "VERSIONS").is_file() else None
+
+
 def start_comfy(comfy_dir: Path, base_dir: Path, port: int, log_path: Path, python: str = sys.executable,
-                extra_args: tuple = (), cpu: bool = True) -> subprocess.Popen:
+                extra_args: tuple = (), cpu: bool = True, frontend: Path | None = None) -> subprocess.Popen:
+    """Start ComfyUI headless. `frontend`: a folder made by setup_frontend_newest.sh; its frontend is served
+    through --front-end-root and its workflow templates through PYTHONPATH (ahead of the venv's)."""
     cmd = [python, "main.py", *(["--cpu"] if cpu else []), "--listen", HOST, "--port", str(port),
            "--base-directory", str(base_dir), "--database-url", "sqlite:///:memory:", "--disable-auto-launch",
            *extra_args]
+    env = None
+    if frontend is not None:
+        cmd += ["--front-end-root", str(Path(frontend) / "comfyui_frontend_package" / "static")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(frontend), os.environ.get("PYTHONPATH"))
+                                                         if p))
     log = open(log_path, "w")
-    return subprocess.Popen(cmd, cwd=comfy_dir, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, cwd=comfy_dir, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def stop_comfy(proc: subprocess.Popen) -> None:

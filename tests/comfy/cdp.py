@@ -32,6 +32,50 @@ def page_ws_url(port: int, timeout: float = 30) -> str:
     raise TimeoutError("chromium did not expose a page over CDP")
 
 
+def _frames_urls(stack: dict | None) -> list[str]:
+    return [f.get("url", "") for f in (stack or {}).get("callFrames", [])]
+
+
+def console_entry(method: str, params: dict) -> dict | None:
+    """One browser console event (Runtime.consoleAPICalled / Runtime.exceptionThrown / Log.entryAdded) as
+    {source, level, text, urls}: urls are the script addresses of the message and its stack."""
+    if method == "Runtime.consoleAPICalled":
+        text = " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+        return {"source": "console", "level": params.get("type", "log"), "text": text,
+                "urls": _frames_urls(params.get("stackTrace"))}
+    if method == "Runtime.exceptionThrown":
+        d = params["exceptionDetails"]
+        text = d.get("exception", {}).get("description") or d.get("text", "")
+        return {"source": "exception", "level": "error", "text": text,
+                "urls": [d.get("url", ""), *_frames_urls(d.get("stackTrace"))]}
+    if method == "Log.entryAdded":
+        e = params["entry"]
+        return {"source": "log/" + e.get("source", ""), "level": e.get("level", "info"), "text": e.get("text", ""),
+                "urls": [e.get("url", ""), *_frames_urls(e.get("stackTrace"))]}
+    return None
+
+
+def from_pack(entry: dict, folder: str, markers: tuple[str, ...]) -> bool:
+    """True when a console entry comes from the pack: one of its web/ files is on the stack (or is the URL),
+    or the text names the pack (its node ids, events and CSS classes all carry one of `markers`)."""
+    if any(f"/extensions/{folder}/" in u for u in entry["urls"]):
+        return True
+    text = entry["text"].lower()
+    return any(m.lower() in text for m in markers)
+
+
+def new_tab(port: int) -> dict:
+    """Open a fresh tab (a page of its own: no state, no beforeunload prompt of a previous test)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/json/new?about:blank", method="PUT")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def close_tab(port: int, tab: dict) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/close/{tab['id']}", timeout=10):
+        pass
+
+
 class Page:
     def __init__(self, ws):
         self.ws, self.n, self.console = ws, 0, []
@@ -43,11 +87,13 @@ class Page:
             data = json.loads(msg.data)
             if "id" in data and data["id"] in self.pending:
                 self.pending.pop(data["id"]).set_result(data)
-            elif data.get("method") == "Runtime.consoleAPICalled":
-                args = data["params"].get("args", [])
-                self.console.append(" ".join(str(a.get("value", a.get("description", ""))) for a in args))
-            elif data.get("method") == "Runtime.exceptionThrown":
-                self.console.append("EXCEPTION " + json.dumps(data["params"]["exceptionDetails"])[:500])
+            elif "method" in data:
+                entry = console_entry(data["method"], data.get("params", {}))
+                if entry is not None:
+                    self.console.append(entry)
+
+    def errors(self) -> list[dict]:
+        return [e for e in self.console if e["level"] in ("error", "assert")]
 
     async def send(self, method: str, **params):
         self.n += 1

@@ -41,6 +41,13 @@ def pytest_collection_modifyitems(config, items):
                 why_engine = engine_missing() or ""
             if why_engine:
                 item.add_marker(pytest.mark.skip(reason=why_engine))
+    # The browser matrix runs grouped by frontend, so each ComfyUI of test_browser.py starts once.
+    slots = [i for i, it in enumerate(items) if it.fspath.basename == "test_browser.py"]
+    grouped = sorted((items[i] for i in slots),
+                     key=lambda it: ["bundled", "newest"].index(it.callspec.params["frontend"])
+                     if hasattr(it, "callspec") and "frontend" in it.callspec.params else -1)
+    for i, it in zip(slots, grouped):
+        items[i] = it
 
 
 @pytest.fixture(scope="session")
