@@ -241,24 +241,23 @@ async def _interrupted_run(c, prompt, node="2", timeout=120):
     """Queue, POST /interrupt at the node's first progress event; returns the final event type."""
     import aiohttp
 
-    async with aiohttp.ClientSession() as s:
-        async with s.ws_connect(f"ws://127.0.0.1:{c.port}/ws?clientId={c.client_id}") as ws:
-            async with s.post(f"{c.url}/prompt", json={"prompt": prompt, "client_id": c.client_id}) as r:
-                body = await r.json()
-                assert r.status == 200, body
-            pid, sent, t_end = body["prompt_id"], False, time.time() + timeout
-            while time.time() < t_end:
-                msg = await ws.receive(timeout=timeout)
-                if msg.type != aiohttp.WSMsgType.TEXT:
-                    continue
-                m = json.loads(msg.data)
-                if m["type"] == "progress" and m["data"].get("node") == node and not sent:
-                    sent = True
-                    async with s.post(f"{c.url}/interrupt") as r:
-                        assert r.status == 200
-                if m["type"] in ("execution_success", "execution_error", "execution_interrupted") and \
-                        m["data"].get("prompt_id") == pid:
-                    return m["type"] if sent else "not interrupted"
+    async with aiohttp.ClientSession() as s, s.ws_connect(f"ws://127.0.0.1:{c.port}/ws?clientId={c.client_id}") as ws:
+        async with s.post(f"{c.url}/prompt", json={"prompt": prompt, "client_id": c.client_id}) as r:
+            body = await r.json()
+            assert r.status == 200, body
+        pid, sent, t_end = body["prompt_id"], False, time.time() + timeout
+        while time.time() < t_end:
+            msg = await ws.receive(timeout=timeout)
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                continue
+            m = json.loads(msg.data)
+            if m["type"] == "progress" and m["data"].get("node") == node and not sent:
+                sent = True
+                async with s.post(f"{c.url}/interrupt") as r:
+                    assert r.status == 200
+            if m["type"] in ("execution_success", "execution_error", "execution_interrupted") and \
+                    m["data"].get("prompt_id") == pid:
+                return m["type"] if sent else "not interrupted"
     raise TimeoutError("no end event")
 
 
