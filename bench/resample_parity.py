@@ -67,7 +67,9 @@ def write_markdown(stored: dict) -> str:
              "Each rate: 4 WAV files (mono/stereo x int16/float), 2.5 s of a voiced test signal with harmonics up",
              "to the file's Nyquist. Ours: `engine.audio.load_wav` + `Engine.extract_voice`; official qwen-tts 0.1.1:",
              "`create_voice_clone_prompt(ref_audio=path)` (librosa.load + librosa.resample, soxr HQ). Diffs are the",
-             "worst of the 4 files; \"equal\" counts files whose codes are identical. Reproduce with",
+             "worst of the 4 files; \"equal\" counts files whose codes are identical. The old filter's largest",
+             "audio differences sit at the two ends and in the band just below the file's Nyquist, where the",
+             "test signal has energy on purpose; the tiny random speaker encoder magnifies them. Reproduce with",
              "`python bench/resample_parity.py --label after`.", ""]
     for label, rows in stored.items():
         lines += [f"## {label}", "", "| reference rate | " + " | ".join(COLUMNS) + " |",

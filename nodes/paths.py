@@ -77,10 +77,20 @@ def checkpoint_speakers(checkpoint_dirs) -> list[str]:
     return list(names)
 
 
+def _is_codec_folder(d: str) -> bool:
+    """A standalone codec download (Qwen/Qwen3-TTS-Tokenizer-12Hz): its own config.json is the codec's."""
+    try:
+        with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
+            return json.load(f).get("model_type") == "qwen3_tts_tokenizer_12hz"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def codec_choices(found: dict[str, str]) -> list[str]:
-    """Names of the found checkpoints that carry a codec (speech_tokenizer/config.json), for the loader's
-    `codec` input."""
-    return [name for name, d in found.items() if os.path.isfile(os.path.join(d, "speech_tokenizer", "config.json"))]
+    """Names of the found folders that carry a codec (speech_tokenizer/, or a standalone codec folder), for the
+    loader's `codec` input."""
+    return [name for name, d in found.items()
+            if os.path.isfile(os.path.join(d, "speech_tokenizer", "config.json")) or _is_codec_folder(d)]
 
 
 def check_voice_name(name: str) -> str:

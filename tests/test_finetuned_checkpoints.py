@@ -184,3 +184,16 @@ def test_cli_codec_dir(layouts, tmp_path):
                    "--dtype", "fp32", cwd=tmp_path)
     assert res["frames"] == 3 and res["codec_origin"] == "chosen"
     assert res["codec_dir"] == str(layouts["extra"] / "speech_tokenizer")
+
+
+def test_standalone_codec_download_is_borrowed(layouts, tmp_path):
+    """The codec published on its own (Qwen/Qwen3-TTS-Tokenizer-12Hz: the speech_tokenizer/ files at the top)
+    next to a folder without one is found too."""
+    parent = tmp_path / "models"
+    bare = without_codec(layouts["sft"], parent / "my-sft")
+    shutil.copytree(layouts["extra"] / "speech_tokenizer", parent / "Qwen3-TTS-Tokenizer-12Hz")
+    engine, res = ours(bare, "speaker_test")
+    assert engine.info.codec_origin == "sibling"
+    assert engine.info.codec_dir == str((parent / "Qwen3-TTS-Tokenizer-12Hz").resolve())
+    _, own = ours(layouts["sft"], "speaker_test")
+    assert torch.equal(res.audio, own.audio)

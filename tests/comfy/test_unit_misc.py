@@ -97,7 +97,8 @@ def test_checkpoint_speakers_and_codec_choices(tmp_path):
                    codec=True),
         "base": ckpt("base", {"tts_model_type": "base", "talker_config": {"spk_id": {"hidden": 1}}}, codec=True),
         "broken": ckpt("broken", {}),
+        "Qwen3-TTS-Tokenizer-12Hz": ckpt("tok", {"model_type": "qwen3_tts_tokenizer_12hz"}),
     }
     (tmp_path / "broken" / "config.json").write_text("{not json")
     assert paths.checkpoint_speakers(found.values()) == ["My_Speaker", "ryan", "x"]
-    assert paths.codec_choices(found) == ["cv", "base"]
+    assert paths.codec_choices(found) == ["cv", "base", "Qwen3-TTS-Tokenizer-12Hz"]
