@@ -26,8 +26,11 @@ _FMT_FLOAT = 0x0003
 _FMT_EXTENSIBLE = 0xFFFE
 
 MIN_REFERENCE_SECONDS = 1.0
+MAX_REFERENCE_SECONDS = 60.0  # longer adds nothing to an x-vector and no longer fits an ICL prompt
 MIN_REFERENCE_RATE, MAX_REFERENCE_RATE = 4000, 768000  # Hz: below, no speech band is left; above, no recorder
 SILENCE_PEAK = 1e-4
+MAX_PEAK = 16.0  # +24 dBFS: no float recording gets there; unscaled int16 PCM does
+MAX_CHANNELS = 32
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -189,18 +192,42 @@ def _reference_rate(sr) -> int:
     return int(rate)
 
 
-def validate_reference(x, sr: int) -> int:
-    """Raise ReferenceAudioError unless x (mono [T] or [C, T], torch or numpy) at sr Hz is usable reference
-    audio; return the rate as an int."""
+_DTYPE_HINT = ("reference audio must hold float samples in [-1, 1], not {dtype}; convert integer PCM first "
+               "(int16: divide by 32768) or read the file with engine.audio.load_wav.")
+
+
+def _waveform(x) -> np.ndarray:
+    """The reference as a float array [C, T], or ReferenceAudioError saying what shape and type to pass."""
     if isinstance(x, torch.Tensor):
+        if not x.is_floating_point():
+            raise ReferenceAudioError(_DTYPE_HINT.format(dtype=str(x.dtype).replace("torch.", "")))
         x = x.detach().to("cpu", torch.float32).numpy()
-    x = np.asarray(x, dtype=np.float32)
+    try:
+        x = np.asarray(x)
+    except (ValueError, TypeError) as exc:  # ragged nested lists and the like
+        raise ReferenceAudioError(f"reference audio must be an array of samples ({exc}).") from exc
+    if x.dtype.kind != "f":
+        raise ReferenceAudioError(_DTYPE_HINT.format(dtype=x.dtype))
     if x.ndim not in (1, 2):
         raise ReferenceAudioError(
-            f"reference audio must be a waveform shaped [T] or [channels, T]; got shape {tuple(x.shape)}."
+            f"reference audio must be a waveform shaped [T] or [channels, T]; got shape {tuple(x.shape)}. "
+            "From a ComfyUI AUDIO batch [B, C, T] pass one item."
         )
     if x.size == 0:
         raise ReferenceAudioError("reference audio is empty (no samples); check the file or the node that produced it.")
+    if x.ndim == 2 and x.shape[0] > MAX_CHANNELS:
+        raise ReferenceAudioError(
+            f"reference audio has shape {tuple(x.shape)}, i.e. {x.shape[0]} channels. Pass it as [channels, T]; "
+            "an array read as [T, channels] (soundfile's layout) must be transposed first."
+        )
+    return x if x.dtype == np.float64 else x.astype(np.float32)  # float64 is mixed in float64
+
+
+def validate_reference(x, sr: int) -> int:
+    """Raise ReferenceAudioError unless x (mono [T] or [C, T], float, torch or numpy) at sr Hz is usable
+    reference audio: finite, 1 s to MAX_REFERENCE_SECONDS long, scaled to about [-1, 1], not silent once mixed
+    to mono (stereo whose channels cancel out is refused too). Return the rate as an int."""
+    x = _waveform(x)
     sr = _reference_rate(sr)
     if not np.isfinite(x).all():
         raise ReferenceAudioError(
@@ -212,17 +239,26 @@ def validate_reference(x, sr: int) -> int:
             f"reference audio is {seconds:.2f} s long, shorter than {MIN_REFERENCE_SECONDS:g} s; use at least "
             f"{MIN_REFERENCE_SECONDS:g} s (3-10 s of clean speech from one speaker works best)."
         )
-    peak = float(np.abs(x).max())
-    if peak < SILENCE_PEAK:
+    if seconds > MAX_REFERENCE_SECONDS:
         raise ReferenceAudioError(
-            f"reference audio is silent (peak {peak:.1e}); check the file, the input channel, or the volume."
+            f"reference audio is {seconds:.0f} s long; trim it to at most {MAX_REFERENCE_SECONDS:g} s "
+            "(3-10 s of clean speech from one speaker works best)."
+        )
+    peak = float(np.abs(x).max())
+    if peak > MAX_PEAK:
+        raise ReferenceAudioError(
+            f"reference audio peaks at {peak:g}, far outside [-1, 1]: integer PCM was probably converted to float "
+            "without scaling; divide int16 samples by 32768."
+        )
+    mono_peak = float(np.abs(to_mono(x)).max())
+    if mono_peak < SILENCE_PEAK:
+        raise ReferenceAudioError(
+            f"reference audio is silent (peak {mono_peak:.1e}); check the file, the input channel, or the volume."
         )
     return sr
 
 
 def prepare_reference(x, sr: int, target_sr: int = 24000) -> torch.Tensor:
-    """Mix to mono, validate and resample to target_sr: the preparation upstream applies (no normalising).
-    Validating the mono mix also rejects stereo whose channels cancel out."""
-    x = to_mono(x)
+    """Validate, mix to mono and resample to target_sr: the preparation upstream applies (no normalising)."""
     sr = validate_reference(x, sr)
-    return resample(x, sr, target_sr)
+    return resample(to_mono(_waveform(x)), sr, target_sr)

@@ -52,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
                         f"Default: the official package's default for the mode ({official})")
     s.add_argument("--greedy", action="store_true")
     s.add_argument("--max-new-tokens", type=int, default=None)
+    for flag, kind in (("--temperature", float), ("--top-k", int), ("--top-p", float),
+                       ("--repetition-penalty", float)):
+        s.add_argument(flag, type=kind, default=None, help="default: the checkpoint's generation_config.json")
+    s.add_argument("--voice", type=Path, help="clone mode: a voice file saved by Voice.save / SaveVoice "
+                                              "(instead of --ref-audio)")
     s.add_argument("--device", default="auto")
     s.add_argument("--dtype", default="auto")
     s.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"])
@@ -84,6 +89,7 @@ def synth(args) -> dict:
     from . import audio
     from .engine import Engine
     from .prompt import DEFAULT_NON_STREAMING, MODE_OF_MODEL, Request
+    from .voice import Voice
 
     random_weights = args.model is None
     model_type = {m: t for t, m in MODE_OF_MODEL.items()}[args.mode or "custom"]
@@ -93,17 +99,23 @@ def synth(args) -> dict:
               "The audio is noise, not speech.", file=sys.stderr)
     t_load = time.perf_counter()
     engine = Engine.load(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
-                         triton=args.triton, max_takes=max(16, args.takes), codec_dir=args.codec_dir)
+                         triton=args.triton, max_takes=min(max(args.takes, 1), 16),  # generate() checks takes
+                         codec_dir=args.codec_dir)
     load_s = time.perf_counter() - t_load
     mode = args.mode or MODE_OF_MODEL[engine.model_type]
     params = engine.defaults
     if args.greedy:
         params = params.greedy()
-    max_new = args.max_new_tokens or (64 if random_weights else None)
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else (64 if random_weights else None)
     if max_new is not None:
-        params = params.replace(max_new_tokens=max_new, min_new_tokens=min(params.min_new_tokens, max_new))
+        params = params.replace(max_new_tokens=max_new, min_new_tokens=max(0, min(params.min_new_tokens, max_new)))
+    for name in ("temperature", "top_k", "top_p", "repetition_penalty"):
+        if getattr(args, name) is not None:
+            params = params.replace(**{name: getattr(args, name)})
     voice = None
-    if mode == "clone":
+    if mode == "clone" and args.voice is not None:
+        voice = Voice.load(args.voice)
+    elif mode == "clone":
         wav, sr = _reference(args)
         ref_text = None if args.xvec_only else (args.ref_text or ("This is the reference." if random_weights else None))
         voice = engine.extract_voice(wav, sr, ref_text=ref_text)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from . import checks
 from .config import SAMPLE_RATE, SAMPLES_PER_FRAME, ModelConfig
 from . import sampling
 from .decode import EagerFrames, Row, collect, decode_frames, decode_rows
@@ -20,7 +21,7 @@ from .errors import (
     UnsupportedConfigError,
 )
 from .prompt import MODE_OF_MODEL, Prompt, PromptBuilder, Request, expected_frames
-from .sampling import SamplingParams, check_take_range
+from .sampling import MAX_NEW_TOKENS, SEED_MAX, SamplingParams, check_take_range
 from .voice import Voice
 
 log = logging.getLogger(__name__)
@@ -243,16 +244,20 @@ class Engine:
     # -- synthesis -----------------------------------------------------------------------------
 
     def _prepare(self, req: Request, takes: int, params: SamplingParams | None, take_offset: int = 0,
-                 max_new_tokens: int | None = None):
-        if not 1 <= int(takes) <= self.max_takes:
-            raise InvalidInputError(f"takes must be between 1 and {self.max_takes} (got {takes}).")
+                 max_new_tokens: int | None = None, seed: int = 0):
+        checks.whole_number("takes", takes, 1, self.max_takes,
+                            "Load the model with a larger max_takes to generate more at once.")
+        checks.whole_number("seed", seed, 0, SEED_MAX)
         check_take_range(take_offset, takes)
+        if not checks.same_kind(req, Request):
+            raise InvalidInputError(f"the request must be an engine Request (got {type(req).__name__}).")
+        if params is not None and not checks.same_kind(params, SamplingParams):
+            raise InvalidInputError(f"params must be a SamplingParams (got {type(params).__name__}); "
+                                    "start from engine.defaults.replace(...).")
         params = params or self.defaults
         if max_new_tokens is not None:
-            params = params.replace(max_new_tokens=int(max_new_tokens))
+            params = params.replace(max_new_tokens=max_new_tokens)  # validate() checks it
         params = params.validate()
-        if req.mode == "clone" and req.voice is not None:
-            req.voice.check_compatible(self.cfg)
         prompt = self.builder.build(req)
         length = prompt.prefill.shape[1]
         room = self.max_seq_len - length
@@ -278,7 +283,7 @@ class Engine:
                  progress_every: int = 4) -> Result:
         """Synthesise `takes` takes of one request. Take i draws from stream (seed, take_offset + i)."""
         t0 = time.perf_counter()
-        prompt, params, max_frames = self._prepare(req, takes, params, take_offset)
+        prompt, params, max_frames = self._prepare(req, takes, params, take_offset, seed=seed)
         timings = {}
         chunks = self._frames(prompt, takes, seed, params, max_frames, progress_every, take_offset, should_stop,
                               on_progress, timings)
@@ -312,15 +317,15 @@ class Engine:
         items = list(items)
         if not items:
             return []
-        max_rows = self.max_takes if max_rows is None else int(max_rows)
-        if not 1 <= max_rows <= self.max_takes:
-            raise InvalidInputError(f"max_rows must be between 1 and {self.max_takes} (got {max_rows}).")
-        if chunk_frames < 1:
-            raise InvalidInputError(f"chunk_frames must be at least 1 (got {chunk_frames}).")
+        max_rows = self.max_takes if max_rows is None else checks.whole_number("max_rows", max_rows, 1, self.max_takes)
+        checks.whole_number("chunk_frames", chunk_frames, 1, MAX_NEW_TOKENS, "4 frames is typical.")
+        for item in items:
+            if not checks.same_kind(item, BatchItem):
+                raise InvalidInputError(f"generate_batch takes a list of BatchItem (got {type(item).__name__}).")
         rows, owner, prompts, item_rows = [], [], [], []
         for k, item in enumerate(items):
             prompt, _, max_frames = self._prepare(item.request, item.takes, params, item.take_offset,
-                                                  item.max_new_tokens)
+                                                  item.max_new_tokens, seed=item.seed)
             prompts.append(prompt)
             guess = min(max_frames, expected_frames(item.request.text))
             keys = sampling.take_keys(item.seed, range(item.take_offset, item.take_offset + item.takes), "cpu")
@@ -393,10 +398,9 @@ class Engine:
         """Yield audio chunk by chunk; the concatenation equals generate() with the same arguments."""
         from .codec.streaming import StreamingDecoder
 
-        if chunk_frames < 1:
-            raise InvalidInputError(f"chunk_frames must be at least 1 (got {chunk_frames}).")
+        checks.whole_number("chunk_frames", chunk_frames, 1, MAX_NEW_TOKENS, "8 frames (0.64 s) is typical.")
         t0 = time.perf_counter()
-        prompt, params, max_frames = self._prepare(req, takes, params, take_offset)
+        prompt, params, max_frames = self._prepare(req, takes, params, take_offset, seed=seed)
         decoder = StreamingDecoder(self.codec, batch=takes, graphs=self.codec_graphs, chunk_frames=chunk_frames)
         if prompt.ref_codes is not None:  # ICL: the reference codes are left context, never emitted
             decoder.push(prompt.ref_codes[None].expand(takes, -1, -1).to(self.device))
@@ -440,6 +444,7 @@ class Engine:
                 f"this is a {self.cfg.tts_model_type} checkpoint; only Base checkpoints can extract voices. "
                 "Load a Qwen3-TTS-12Hz Base model for voice cloning."
             )
+        checks.text_value("ref_text", ref_text, optional=True)
         wav24 = audio.prepare_reference(waveform, sample_rate, SAMPLE_RATE)
         emb = self.speaker_encoder.embed(wav24)
         codes = None

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import checks
 from .config import ModelConfig
 from .errors import InvalidInputError, ModeError
+from .voice import Voice
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,22 @@ def resolve_language(cfg: ModelConfig, language: str | None, speaker: str | None
     return lang_id
 
 
+def check_request(req: Request) -> None:
+    """Types of the request's fields: what a caller typed must not reach the tokenizer as a TypeError."""
+    checks.text_value("mode", req.mode)
+    if req.text is None:
+        raise InvalidInputError("the text is empty; type the words to speak.")
+    checks.text_value("text", req.text)
+    for name in ("language", "speaker", "instruct"):
+        checks.text_value(name, getattr(req, name), optional=True)
+    if req.voice is not None and not checks.same_kind(req.voice, Voice):
+        raise InvalidInputError(f"voice must be an engine Voice (got {type(req.voice).__name__}); load it with "
+                                "Voice.load(path) or make it with Engine.extract_voice.")
+    for name in ("non_streaming_mode", "icl"):
+        if getattr(req, name) is not None:
+            checks.flag(name, getattr(req, name))
+
+
 def check_mode(cfg: ModelConfig, mode: str) -> None:
     if mode not in MODES:
         raise InvalidInputError(f"unknown mode '{mode}'; use one of {', '.join(MODES)}.")
@@ -113,10 +131,12 @@ class PromptBuilder:
     @torch.inference_mode()
     def build(self, req: Request) -> Prompt:
         cfg, tc = self.cfg, self.cfg.talker
+        check_request(req)
         check_mode(cfg, req.mode)
-        text = req.text if isinstance(req.text, str) else ""
-        if not text.strip():
-            raise InvalidInputError("the text is empty; type the words to speak.")
+        text = req.text
+        if not any(ch.isprintable() and not ch.isspace() for ch in text):
+            raise InvalidInputError("the text is empty (nothing but blanks or control characters); "
+                                    "type the words to speak.")
         notes = []
 
         speaker = None
@@ -148,6 +168,7 @@ class PromptBuilder:
         if req.mode == "clone":
             if voice is None:
                 raise InvalidInputError("voice clone needs a voice: extract one from reference audio first.")
+            voice.check_compatible(cfg)
             parts.append(voice.spk_embedding.to(parts[0].device, parts[0].dtype).view(1, -1))
         elif speaker is not None:
             parts.append(self._codec([tc.speaker_ids[speaker]]))

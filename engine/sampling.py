@@ -16,10 +16,17 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from . import checks
 from .errors import InvalidInputError
 
 _M32 = 0xFFFFFFFF
 TAKE_STREAMS = 1 << 32  # take indices a stream key can tell apart: 0 .. 2^32 - 1
+# Sanity limits: beyond them a value is a typo, not a setting (temperature 100 is already uniform noise).
+MAX_NEW_TOKENS = 1 << 20
+MAX_TOP_K = (1 << 31) - 1
+MAX_TEMPERATURE = 100.0
+MAX_REPETITION_PENALTY = 100.0
+SEED_MAX = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -42,24 +49,22 @@ class SamplingParams:
         return replace(self, **changes)
 
     def validate(self) -> "SamplingParams":
-        if self.max_new_tokens <= 0:
-            raise InvalidInputError(f"max_new_tokens must be at least 1 (got {self.max_new_tokens}).")
-        if self.min_new_tokens < 0 or self.min_new_tokens > self.max_new_tokens:
-            raise InvalidInputError(
-                f"min_new_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}); got {self.min_new_tokens}."
-            )
-        for prefix in ("", "subtalker_"):
-            t = getattr(self, prefix + "temperature")
-            k = getattr(self, prefix + "top_k")
-            p = getattr(self, prefix + "top_p")
-            if not t > 0:
-                raise InvalidInputError(f"{prefix}temperature must be > 0 (got {t}); use greedy decoding instead of 0.")
-            if k < 0:
-                raise InvalidInputError(f"{prefix}top_k must be >= 0 (0 disables it); got {k}.")
-            if not 0 < p <= 1:
-                raise InvalidInputError(f"{prefix}top_p must be in (0, 1]; got {p}.")
-        if not self.repetition_penalty > 0:
-            raise InvalidInputError(f"repetition_penalty must be > 0 (1.0 disables it); got {self.repetition_penalty}.")
+        """Raise InvalidInputError naming the first field that is of the wrong type, NaN, infinite or out of range."""
+        checks.whole_number("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS,
+                            "It caps the codec frames of one segment (12.5 per second).")
+        checks.whole_number("min_new_tokens", self.min_new_tokens, 0, self.max_new_tokens,
+                            "It must not exceed max_new_tokens.")
+        for prefix, switch in (("", "do_sample"), ("subtalker_", "subtalker_dosample")):
+            checks.flag(switch, getattr(self, switch))
+            checks.real_number(prefix + "temperature", getattr(self, prefix + "temperature"), 0.0, MAX_TEMPERATURE,
+                               lo_open=True, hint="Around 0.9 is typical; for deterministic output use greedy "
+                                                  "decoding instead of 0.")
+            checks.whole_number(prefix + "top_k", getattr(self, prefix + "top_k"), 0, MAX_TOP_K,
+                                "0 disables top-k; around 50 is typical.")
+            checks.real_number(prefix + "top_p", getattr(self, prefix + "top_p"), 0.0, 1.0, lo_open=True,
+                               hint="1.0 disables nucleus sampling.")
+        checks.real_number("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, lo_open=True,
+                           hint="1.0 disables it; around 1.05 is typical.")
         return self
 
     @classmethod
@@ -85,7 +90,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 def check_take_range(first_take: int, takes: int) -> None:
     """Takes first_take .. first_take + takes - 1 must be streams that take_keys tells apart (32-bit indices)."""
-    first_take, takes = int(first_take), int(takes)
+    first_take, takes = checks.integer("first_take", first_take), checks.integer("takes", takes)
     if first_take < 0:
         raise InvalidInputError(f"first_take must be 0 or more (got {first_take}).")
     if first_take + takes > TAKE_STREAMS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import checks
 from .config import read_json
 from .errors import CheckpointError
 
@@ -145,9 +146,10 @@ class TextTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; added tokens written inside the text become their ids; nothing is prepended."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._tok.encode(checks.text_value("text", text), add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        texts = [checks.text_value("text", t) for t in texts]
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:

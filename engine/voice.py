@@ -16,6 +16,7 @@ from .errors import VoiceError
 
 FORMAT = "qwen3tts-fast-voice"
 VERSION = "1"
+CODE_GROUPS = 16  # codebooks per codec frame
 
 
 @dataclass
@@ -34,8 +35,33 @@ class Voice:
     def is_icl(self) -> bool:
         return self.ref_codes is not None
 
+    def check_contents(self, name: str = "this voice") -> None:
+        """Raise VoiceError unless the tensors are what a voice holds: a finite float embedding [width] and,
+        for ICL, integer codes [frames, 16] together with their transcript."""
+        emb = self.spk_embedding
+        if not isinstance(emb, torch.Tensor) or emb.dim() != 1 or emb.numel() == 0 or not emb.is_floating_point():
+            what = f"{emb.dtype} {tuple(emb.shape)}" if isinstance(emb, torch.Tensor) else type(emb).__name__
+            raise VoiceError(f"{name}: the speaker embedding must be a float vector [width], not {what}; "
+                             "the file is damaged or not a voice, extract the voice again.")
+        if not bool(torch.isfinite(emb).all()):
+            raise VoiceError(f"{name}: the speaker embedding holds NaN or Inf values; extract the voice again.")
+        if not isinstance(self.model_size, str) or not isinstance(self.family, str):
+            raise VoiceError(f"{name}: model_size and family must be strings; extract the voice again.")
+        codes = self.ref_codes
+        if codes is None:
+            return
+        if (not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.shape[1] != CODE_GROUPS
+                or codes.shape[0] == 0 or codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool):
+            what = f"{codes.dtype} {tuple(codes.shape)}" if isinstance(codes, torch.Tensor) else type(codes).__name__
+            raise VoiceError(f"{name}: reference codes must be integers [frames, {CODE_GROUPS}], not {what}; "
+                             "extract the voice again.")
+        if not isinstance(self.ref_text, str) or not self.ref_text.strip():
+            raise VoiceError(f"{name} holds ICL reference codes but no reference text; extract the voice again "
+                             "with its transcript (ref_text), or without it for an x-vector-only voice.")
+
     def check_compatible(self, cfg: ModelConfig) -> None:
         """Raise VoiceError unless this voice can drive the given model."""
+        self.check_contents()
         if self.family != FAMILY:
             raise VoiceError(f"this voice was made for model family '{self.family}', not {FAMILY}.")
         if self.width != cfg.embedding_width or self.model_size != cfg.tts_model_size:
@@ -44,6 +70,10 @@ class Voice:
                 f"model is {cfg.tts_model_size or 'unnamed'} (width {cfg.embedding_width}). Speaker embeddings do not "
                 "carry over between model sizes: extract the voice again with this model."
             )
+        codebook = cfg.talker.predictor.vocab_size
+        if self.ref_codes is not None and not bool(((self.ref_codes >= 0) & (self.ref_codes < codebook)).all()):
+            raise VoiceError(f"this voice's reference codes lie outside the codebook (0..{codebook - 1}); the file is "
+                             "damaged, extract the voice again.")
 
     def save(self, path) -> Path:
         from safetensors.torch import save_file
@@ -70,20 +100,23 @@ class Voice:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
                 if meta.get("format") != FORMAT:
-                    raise VoiceError(f"{path.name} is not a Qwen3-TTS Fast voice file (no '{FORMAT}' metadata).")
+                    raise VoiceError(f"{path.name} is not a Qwen3-TTS Fast voice file (no '{FORMAT}' metadata); "
+                                     "choose a file saved by SaveVoice (Voice.save), or extract the voice again.")
                 names = set(f.keys())
                 if "spk_embedding" not in names:
                     raise VoiceError(f"{path.name} has no speaker embedding; the file is damaged, extract the voice again.")
                 emb = f.get_tensor("spk_embedding")
-                codes = f.get_tensor("ref_codes").to(torch.long) if "ref_codes" in names else None
+                codes = f.get_tensor("ref_codes") if "ref_codes" in names else None
                 ref_text = json.loads(meta["ref_text"]) if "ref_text" in meta else None
         except VoiceError:
             raise
-        except (SafetensorError, OSError, ValueError, json.JSONDecodeError) as exc:
+        except (SafetensorError, OSError, ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
             raise VoiceError(f"{path.name} is corrupted or truncated ({exc}); extract the voice again.") from exc
-        if emb.dim() != 1 or str(emb.shape[0]) != meta.get("width"):
+        voice = cls(spk_embedding=emb, model_size=meta.get("model_size", ""), family=meta.get("family", ""),
+                    ref_codes=codes, ref_text=ref_text)
+        voice.check_contents(path.name)
+        if str(emb.shape[0]) != meta.get("width"):
             raise VoiceError(f"{path.name}: embedding shape {tuple(emb.shape)} does not match its metadata; extract the voice again.")
-        if codes is not None and (codes.dim() != 2 or codes.shape[1] != 16):
-            raise VoiceError(f"{path.name}: reference codes have shape {tuple(codes.shape)}, expected [frames, 16].")
-        return cls(spk_embedding=emb, model_size=meta.get("model_size", ""), family=meta.get("family", ""),
-                   ref_codes=codes, ref_text=ref_text)
+        if codes is not None:
+            voice.ref_codes = codes.to(torch.long)
+        return voice

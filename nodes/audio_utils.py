@@ -80,11 +80,15 @@ def pick_take(audio: dict, index: int) -> dict:
 
 def batch_item(audio: dict, index: int) -> torch.Tensor:
     """Batch item `index` of an AUDIO as [C, T] (trimmed to its take length when known)."""
-    wav = audio["waveform"]
+    wav = audio.get("waveform") if isinstance(audio, dict) else None
+    if not isinstance(wav, torch.Tensor):
+        raise ValueError(f"AUDIO must be a dict with a 'waveform' tensor [batch, channels, samples], got "
+                         f"{type(wav if isinstance(audio, dict) else audio).__name__}; connect an AUDIO output "
+                         "(e.g. LoadAudio)")
     if wav.dim() != 3:
         raise ValueError(f"AUDIO waveform must be [batch, channels, samples], got {tuple(wav.shape)}")
-    if not 0 <= index < wav.shape[0]:
-        raise IndexError(f"batch_index {index} is out of range: the AUDIO holds {wav.shape[0]} item(s)")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < wav.shape[0]:
+        raise IndexError(f"batch_index {index!r} is out of range: the AUDIO holds {wav.shape[0]} item(s)")
     return wav[index, :, : take_lengths(audio)[index]]
 
 

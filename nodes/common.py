@@ -1,6 +1,7 @@
 """Inputs shared by the generator nodes, and the checks that go with them."""
 from __future__ import annotations
 
+from ..engine.errors import ModeError
 from . import sampling
 from .comfy_api_compat import advanced, io
 from .text_split import DEFAULT_MAX_UNITS
@@ -16,6 +17,7 @@ TYPE_NAME = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "Voi
 MAX_TAKES = 16
 SEED_MAX = 0xFFFFFFFFFFFFFFFF
 FIRST_TAKE_MAX = 0xFFFFFFFF  # the engine's take indices are 32-bit (engine.sampling.check_take_range)
+MIN_SEGMENT_CHARS, MAX_SEGMENT_CHARS = 20, 5000
 
 
 def model_input() -> io.Input:
@@ -52,7 +54,8 @@ def first_take_input() -> io.Input:
 
 def advanced_inputs() -> list[io.Input]:
     """Optional sampling overrides; every default means 'use the checkpoint's generation_config.json'."""
-    out: list[io.Input] = [io.Int.Input("max_segment_chars", default=DEFAULT_MAX_UNITS, min=20, max=5000,
+    out: list[io.Input] = [io.Int.Input("max_segment_chars", default=DEFAULT_MAX_UNITS, min=MIN_SEGMENT_CHARS,
+                                        max=MAX_SEGMENT_CHARS,
                                         optional=True,
                                         tooltip="Longest text piece generated in one go (CJK characters "
                                                 "count 3). Longer text is split at sentence boundaries.")]
@@ -109,6 +112,6 @@ def check_generator(text, language, speaker=None) -> bool | str:
 def require_type(node: str, ref, wanted: str) -> None:
     """Raise a clear error when a checkpoint of another type reaches a generator node."""
     if ref.model_type != wanted:
-        raise ValueError(
+        raise ModeError(
             f"{node}: '{ref.name}' is a {TYPE_NAME.get(ref.model_type, ref.model_type)} checkpoint but {node} needs "
             f"a {TYPE_NAME[wanted]} checkpoint. For this model use the {NODE_OF_TYPE.get(ref.model_type, '?')} node.")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 
+from ..engine.errors import InvalidInputError, ModeError
 from . import common
 from .comfy_api_compat import io
 from .runner import Job
@@ -67,7 +68,7 @@ class StreamChunks(io.ComfyNode):
         kwargs = {}
         if mode == "clone":
             if voice is None:
-                raise ValueError("StreamChunks: a Base checkpoint clones a voice; connect a VOICE "
+                raise InvalidInputError("StreamChunks: a Base checkpoint clones a voice; connect a VOICE "
                                  "(ExtractSpeakerEmbedding or LoadVoice) to 'voice'.")
             kwargs["voice"] = voice
         elif mode == "custom":
@@ -75,6 +76,7 @@ class StreamChunks(io.ComfyNode):
         elif mode == "design":
             kwargs["instruct"] = instruct
         else:
-            raise ValueError(f"StreamChunks: unsupported checkpoint type {model.model_type!r}")
+            raise ModeError(f"StreamChunks: unsupported checkpoint type {model.model_type!r}; load a Base, "
+                            "CustomVoice or VoiceDesign checkpoint.")
         job = Job("StreamChunks", model, mode, text, language, seed=seed, takes=1, **kwargs, **adv)
-        return io.NodeOutput(job.stream(int(chunk_size), _sender(cls.hidden.unique_id)))
+        return io.NodeOutput(job.stream(chunk_size, _sender(cls.hidden.unique_id)))  # the engine checks chunk_size

@@ -5,6 +5,7 @@ import contextlib
 import os
 import tempfile
 
+from ..engine.errors import InvalidInputError
 from . import comfy_paths, common, engine_cache, paths
 from .audio_utils import batch_item
 from .comfy_api_compat import io
@@ -43,10 +44,13 @@ class ExtractSpeakerEmbedding(io.ComfyNode):
     @classmethod
     def execute(cls, model, audio, batch_index, ref_text="") -> io.NodeOutput:
         common.require_type("ExtractSpeakerEmbedding", model, "base")
-        wav = batch_item(audio, int(batch_index))
+        try:
+            wav = batch_item(audio, batch_index)
+        except (ValueError, IndexError) as exc:
+            raise InvalidInputError(f"ExtractSpeakerEmbedding: {exc}") from exc
         engine = engine_cache.acquire(model.key)
-        with engine_errors("ExtractSpeakerEmbedding"):  # the engine strips ref_text; empty means x-vector only
-            voice = engine.extract_voice(wav, audio["sample_rate"], ref_text=ref_text)
+        with engine_errors("ExtractSpeakerEmbedding"):  # the engine checks the rate; empty ref_text: x-vector only
+            voice = engine.extract_voice(wav, audio.get("sample_rate"), ref_text=ref_text)
         return io.NodeOutput(voice)
 
 

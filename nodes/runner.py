@@ -16,6 +16,7 @@ import comfy.model_management as mm
 import comfy.utils
 
 from . import engine_cache
+from .common import MAX_SEGMENT_CHARS, MIN_SEGMENT_CHARS, SEED_MAX
 from .audio_utils import StreamJoiner, join_segments, make_audio
 from .progress import SegmentProgress
 from .sampling import sampling_changes
@@ -30,6 +31,11 @@ def _engine_api():
 def _batch_item():
     from ..engine import BatchItem
     return BatchItem
+
+
+def _checks():
+    from ..engine import checks
+    return checks
 
 
 @contextlib.contextmanager
@@ -47,7 +53,7 @@ def engine_errors(label: str):
 
 def _voice_overhead(voice) -> int:
     """Extra prompt positions an ICL voice occupies (reference codes + at most one per reference-text char)."""
-    if voice is None or not voice.is_icl:
+    if not getattr(voice, "is_icl", False):  # None, an x-vector voice, or a wrong type the engine refuses
         return 0
     return int(voice.ref_codes.shape[0]) + len(voice.ref_text or "")
 
@@ -59,23 +65,25 @@ class Job:
                  voice=None, seed: int = 0, takes: int = 1, first_take: int = 0,
                  max_segment_chars: int = DEFAULT_MAX_UNITS, **widgets):
         self.node = node
-        _, _, check_take_range = _engine_api()
-        try:  # every check that needs no weights runs before the engine is (re)loaded
+        _, errors, check_take_range = _engine_api()
+        checks = _checks()
+        try:  # every check that needs no weights runs before the engine is (re)loaded, with the engine's checks
             changes = sampling_changes(**widgets)
+            checks.whole_number("takes", takes, 1, ref.key.max_takes, "Raise max_takes on LoadQwen3TTS.")
+            checks.whole_number("seed", seed, 0, SEED_MAX)
             check_take_range(first_take, takes)
+            checks.whole_number("max_segment_chars", max_segment_chars, MIN_SEGMENT_CHARS, MAX_SEGMENT_CHARS)
+            checks.text_value("text", text)
         except ValueError as exc:  # the engine's InvalidInputError is a ValueError too
-            raise ValueError(f"{node}: {exc}") from exc
-        if takes > ref.key.max_takes:
-            raise ValueError(f"{node}: takes={takes} but the model was loaded with max_takes="
-                             f"{ref.key.max_takes}; raise max_takes on LoadQwen3TTS.")
+            raise errors.InvalidInputError(f"{node}: {exc}") from exc
         budget = segment_budget(max_segment_chars, ref.key.max_seq_len, PROMPT_OVERHEAD + _voice_overhead(voice))
         self.segments = split_text(text, budget)
         if not self.segments:
-            raise ValueError(f"{node}: text is empty")
+            raise errors.InvalidInputError(f"{node}: the text is empty; type the words to speak.")
         self.engine = engine_cache.acquire(ref.key)
         self.params = self.engine.defaults.replace(**changes)
         self.mode, self.language, self.speaker, self.instruct, self.voice = mode, language, speaker, instruct, voice
-        self.seed, self.takes, self.first_take = int(seed), int(takes), int(first_take)
+        self.seed, self.takes, self.first_take = seed, takes, first_take
         self.pbar = comfy.utils.ProgressBar(1)
         self.progress = SegmentProgress(len(self.segments), self._report)
 

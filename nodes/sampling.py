@@ -6,6 +6,8 @@ on/off switches use the combo value "checkpoint". Only the values the user actua
 """
 from __future__ import annotations
 
+import math
+
 DEFAULT = -1
 SWITCH_OPTIONS = ["checkpoint", "sample", "greedy"]
 
@@ -43,8 +45,13 @@ def sampling_changes(**widgets) -> dict:
         v = widgets.get(wid, DEFAULT)
         if v is None or v == DEFAULT:
             continue
+        whole = kind is int
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or (whole and v != int(v))):
+            raise ValueError(f"{wid} must be a finite {'whole ' if whole else ''}number in [{lo}, {hi}], got {v!r} "
+                             "(use -1 for the checkpoint default)")
         v = kind(v)
         if not lo <= v <= hi:
-            raise ValueError(f"{wid}={v} is out of range [{lo}, {hi}] (use -1 for the checkpoint default)")
+            raise ValueError(f"{wid} must be in [{lo}, {hi}], got {v} (use -1 for the checkpoint default)")
         changes[field] = v
     return changes
