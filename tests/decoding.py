@@ -17,3 +17,24 @@ def decode_codes(engine, runner, req, takes, params, seed=0, take_offset=0):
 def joined_take(chunks, i: int) -> torch.Tensor:
     """Take i's audio from streamed chunks, each chunk trimmed to its valid samples."""
     return torch.cat([c.audio[i, : c.valid[i]] for c in chunks])
+
+
+def oracle_greedy(model, method: str, frames: int, **kwargs):
+    """Call an official qwen-tts generate_* method greedily for `frames` frames (its max_new_tokens = N yields
+    N - 1 frames); return (the code tensors [frames(+ICL reference), 16] it hands its codec, its wavs)."""
+    seen = []
+    tokenizer = model.model.speech_tokenizer
+    original = tokenizer.decode
+
+    def capture(items, *a, **k):
+        seen.extend(item["audio_codes"].clone() for item in items)
+        return original(items, *a, **k)
+
+    tokenizer.decode = capture
+    try:
+        wavs, sr = getattr(model, method)(do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1,
+                                          **kwargs)
+    finally:
+        tokenizer.decode = original
+    assert sr == 24000
+    return seen, wavs

@@ -13,6 +13,7 @@ import torch
 
 from engine import Request
 from engine.audio import load_wav, prepare_reference
+from tests.decoding import oracle_greedy
 
 RATES = (8000, 16000, 22050, 44100, 48000)
 REF_TEXT = "This is the reference speech."
@@ -46,25 +47,6 @@ def write_reference(path: Path, sr: int, channels: int, subtype: str) -> Path:
     return path
 
 
-def oracle_greedy_codes(model, **kwargs) -> torch.Tensor:
-    """Codes [frames, 16] the oracle's generate_voice_clone hands to its codec (greedy, FRAMES frames)."""
-    seen = []
-    tokenizer = model.model.speech_tokenizer
-    original = tokenizer.decode
-
-    def capture(items, *a, **k):
-        seen.extend(item["audio_codes"].clone() for item in items)
-        return original(items, *a, **k)
-
-    tokenizer.decode = capture
-    try:  # upstream's max_new_tokens = N yields N - 1 frames
-        model.generate_voice_clone(do_sample=False, subtalker_dosample=False, max_new_tokens=FRAMES + 1, **kwargs)
-    finally:
-        tokenizer.decode = original
-    assert len(seen) == 1
-    return seen[0].to(torch.long)
-
-
 def compare(engine, oracle, path: Path) -> dict:
     """Our engine against the oracle on one reference file: resampled audio, x-vector, ICL codes, greedy codes."""
     import librosa
@@ -88,7 +70,9 @@ def compare(engine, oracle, path: Path) -> dict:
             theirs_ref = items[0].ref_code.to(torch.long)
             row["ref_codes_equal"] = bool(voice.ref_codes.shape == theirs_ref.shape
                                           and torch.equal(voice.ref_codes, theirs_ref))
-        theirs_codes = oracle_greedy_codes(oracle, text=TEXT, language="English", voice_clone_prompt=items)
+        seen, _ = oracle_greedy(oracle, "generate_voice_clone", FRAMES, text=TEXT, language="English",
+                                voice_clone_prompt=items)
+        theirs_codes = seen[0].to(torch.long)
         ours = engine.generate(Request(mode="clone", text=TEXT, language="English", voice=voice), params=params)
         if ref_text is not None:  # the oracle hands its codec the reference frames first
             theirs_codes = theirs_codes[items[0].ref_code.shape[0]:]

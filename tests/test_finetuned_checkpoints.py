@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from engine import Engine, Request
 from engine.errors import CheckpointError, InvalidInputError
-from tests.reference_files import oracle_greedy_codes, voiced_signal
+from tests.decoding import oracle_greedy
+from tests.reference_files import voiced_signal
 
 FRAMES = 8
 SFT_ID = 3000
@@ -90,16 +91,7 @@ def ours(path, speaker, **load):
 
 def official(qwen_tts, path, speaker):
     model = qwen_tts.Qwen3TTSModel.from_pretrained(str(path), device_map="cpu", dtype=torch.float32)
-    seen = []
-    original = model.model.speech_tokenizer.decode
-
-    def capture(items, *a, **k):
-        seen.extend(item["audio_codes"].clone() for item in items)
-        return original(items, *a, **k)
-
-    model.model.speech_tokenizer.decode = capture
-    wavs, _ = model.generate_custom_voice(text=TEXT, language="English", speaker=speaker, do_sample=False,
-                                          subtalker_dosample=False, max_new_tokens=FRAMES + 1)
+    seen, wavs = oracle_greedy(model, "generate_custom_voice", FRAMES, text=TEXT, language="English", speaker=speaker)
     return model, seen[0].to(torch.long), torch.from_numpy(wavs[0])
 
 

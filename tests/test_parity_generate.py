@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine import Engine, Request
+from tests.decoding import oracle_greedy
 
 
 FRAMES = 10
@@ -30,22 +31,7 @@ def engines(tiny_checkpoints):
 
 def run_oracle(model, method, **kwargs):
     """Call an oracle generate_* method greedily; return (codes list [frames, 16], wavs list)."""
-    seen = []
-    tokenizer = model.model.speech_tokenizer
-    original = tokenizer.decode
-
-    def capture(items, *a, **k):
-        seen.extend(item["audio_codes"].clone() for item in items)
-        return original(items, *a, **k)
-
-    tokenizer.decode = capture
-    try:
-        wavs, sr = getattr(model, method)(do_sample=False, subtalker_dosample=False, max_new_tokens=FRAMES + 1,
-                                          **kwargs)
-    finally:
-        tokenizer.decode = original
-    assert sr == 24000
-    return seen, wavs
+    return oracle_greedy(model, method, FRAMES, **kwargs)
 
 
 def run_ours(engine, req):
