@@ -10,14 +10,13 @@ with EOS disabled make every request decode exactly its frame count.
 
 Per mode it reports audio s / wall s, p50/p95 wall per request, p50/p95 first audio (the first streamed
 chunk; the whole request when not streaming) and the request overhead = wall - frames x steady ms/frame,
-where the steady ms/frame of each engine is (wall(300 frames) - wall(100 frames)) / 200 measured warm in
+where the steady ms/frame of each engine is (wall(200 frames) - wall(50 frames)) / 150 measured warm in
 the same process after the script. Writes DIR/real_length_<gpu>.json and .md.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -50,12 +49,12 @@ def summarise(rows: list, steady_ms: float, takes: int) -> dict:
             "overhead_p50_ms": _pct(over, 50), "overhead_p95_ms": _pct(over, 95)}
 
 
-def _steady(run, frames_hi=300, frames_lo=100) -> float:
-    """Warm ms per frame without fixed costs: median of 3 at each length, then the difference."""
+def _steady(run, frames_hi=200, frames_lo=50) -> float:
+    """Warm ms per frame without fixed costs: the faster of 2 at each length, then the difference."""
     run(frames_hi)
     run(frames_lo)
-    hi = statistics.median(run(frames_hi) for _ in range(3))
-    lo = statistics.median(run(frames_lo) for _ in range(3))
+    hi = min(run(frames_hi) for _ in range(2))
+    lo = min(run(frames_lo) for _ in range(2))
     return 1000 * (hi - lo) / (frames_hi - frames_lo)
 
 
@@ -90,12 +89,16 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int) -> d
                 first = chunk.elapsed_s if first is None else first
                 n += chunk.codes.shape[1]
             wall = time.perf_counter() - t0
+            extra = {}
         else:
             res = eng.generate(req, takes=takes, seed=seed, params=params(frames))
             wall = time.perf_counter() - t0
             first, n = wall, res.stats["frames"]
+            st = res.stats
+            extra = {"prompt_tokens": st["prompt_tokens"], "prefill_ms": 1000 * st["prefill_s"],
+                     "codec_ms": 1000 * st["codec_s"]}
         assert n == frames, (n, frames)
-        return {"frames": frames, "wall_s": wall, "first_s": first}
+        return {"frames": frames, "wall_s": wall, "first_s": first, **extra}
 
     rows = []
     for i, (lang, text, frames) in enumerate(script()):
@@ -109,6 +112,13 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int) -> d
     if eng.codec_graphs is not None:
         out["codec_graphs"] = eng.codec_graphs.stats()
     out["gpu_mem_reserved_gb"] = torch.cuda.memory_reserved() / 1e9
+    late = getattr(eng.runner, "late_captures", None)
+    if late is not None:
+        out["frame_late_captures"] = late
+    for key in ("prefill_ms", "codec_ms"):
+        vals = [r[key] for r in rows if key in r]
+        if vals:
+            out[f"{key}_p50"], out[f"{key}_p95"] = _pct(vals, 50), _pct(vals, 95)
     return out
 
 
@@ -207,6 +217,7 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=["0.6b", "1.7b"])
     ap.add_argument("--modes", nargs="+", default=list(MODES))
     ap.add_argument("--skip-faster", action="store_true")
+    ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--name", default="", help="file name suffix (default: the GPU's short name)")
     args = ap.parse_args()
     if args.worker == "ours":
@@ -216,21 +227,6 @@ def main() -> None:
         print(json.dumps(worker_faster(args.ckpt, args.mode)))
         return
 
-    results = {}
-    for size in args.sizes:
-        ckpt = checkpoint(size)
-        runs = results[f"{size} CustomVoice"] = []
-        for mode in args.modes:
-            extra = ["--engine-root", str(args.engine_root), "--first-chunk", str(args.first_chunk)]
-            r = run_worker(["--worker", "ours", "--ckpt", str(ckpt), "--mode", mode, *extra])
-            r["label"] = args.label or "this pack"
-            runs.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
-        for mode in ("take1", "stream2") if not args.skip_faster else ():
-            if mode in args.modes:
-                r = run_worker(["--worker", "faster", "--ckpt", str(ckpt), "--mode", mode])
-                runs.append(r)
-                print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
     import torch
 
     gpu = torch.cuda.get_device_name(0)
@@ -239,12 +235,33 @@ def main() -> None:
             "audio_s": sum(f for _, _, f in script()) / FPS, "date": time.strftime("%Y-%m-%d"),
             "engine_root": str(args.engine_root)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"real_length_{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    md = (f"{gpu}, torch {meta['torch']}, bf16, {meta['sentences']} sentences, {meta['audio_s']:.0f} s of audio "
-          "per take (EOS disabled, frames from 2.7 words/s or 4.5 CJK chars/s), each mode in a fresh process.\n\n"
-          f"{table(results)}\n")
-    (args.out / f"real_length_{name}.md").write_text(md)
-    print(md)
+
+    def write():  # after every run, so a cut-off session keeps what it measured
+        (args.out / f"real_length_{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        md = (f"{gpu}, torch {meta['torch']}, bf16, {meta['sentences']} sentences, {meta['audio_s']:.0f} s of "
+              "audio per take (EOS disabled, frames from 2.7 words/s or 4.5 CJK chars/s), each mode in a fresh "
+              f"process.\n\n{table(results)}\n")
+        (args.out / f"real_length_{name}.md").write_text(md)
+        return md
+
+    results = {}
+    for size in args.sizes:
+        ckpt = checkpoint(size)
+        runs = results[f"{size} CustomVoice"] = []
+        for mode in args.modes if not args.skip_ours else ():
+            extra = ["--engine-root", str(args.engine_root), "--first-chunk", str(args.first_chunk)]
+            r = run_worker(["--worker", "ours", "--ckpt", str(ckpt), "--mode", mode, *extra])
+            r["label"] = args.label or "this pack"
+            runs.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
+            write()
+        for mode in ("take1", "stream2") if not args.skip_faster else ():
+            if mode in args.modes:
+                r = run_worker(["--worker", "faster", "--ckpt", str(ckpt), "--mode", mode])
+                runs.append(r)
+                print(json.dumps({k: v for k, v in r.items() if k != "rows"}), flush=True)
+                write()
+    print(write())
 
 
 if __name__ == "__main__":

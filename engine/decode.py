@@ -199,10 +199,12 @@ def decode_rows(
     should_stop: Callable[[], bool] | None = None,
     on_frames: Callable[[int, int], None] | None = None,
     timings: dict | None = None,
+    first_chunk_frames: int = 0,
 ) -> Iterator[FrameChunk]:
     """The one decode loop. Rows (admitted in `order`, default their order) run in `slots` batch slots;
     yields chunks of `chunk_frames` frames (0 = one chunk per admission wave: until every held row is
-    done) until every row has finished. `on_frames(done, total)` counts frames over all rows (total is
+    done; the first chunk has `first_chunk_frames` when that is set, for earlier first audio) until every
+    row has finished. `on_frames(done, total)` counts frames over all rows (total is
     an estimate until the rows end); `timings`, if given, receives the first prefill's seconds and the
     slot occupancy."""
     params.validate()
@@ -222,7 +224,8 @@ def decode_rows(
     ended = {}  # row -> frames stepped when it ended (an upper bound of its real frames)
     start = steps = busy = 0
     while True:
-        n = host.frames_left() if chunk_frames <= 0 else min(chunk_frames, host.frames_left())
+        size = first_chunk_frames if start == 0 and first_chunk_frames > 0 else chunk_frames
+        n = host.frames_left() if size <= 0 else min(size, host.frames_left())
         frames, valids = [], []
         for _ in range(n):
             if should_stop is not None and should_stop():
@@ -261,13 +264,14 @@ def decode_frames(runner, prompt: Prompt, *, takes: int, seed: int, params: Samp
                   eos_id: int, chunk_frames: int = 0, take_offset: int = 0,
                   should_stop: Callable[[], bool] | None = None,
                   on_frames: Callable[[int, int], None] | None = None,
-                  timings: dict | None = None) -> Iterator[FrameChunk]:
+                  timings: dict | None = None, first_chunk_frames: int = 0) -> Iterator[FrameChunk]:
     """`takes` takes of one prompt (take i draws from stream (seed, take_offset + i)): decode_rows with
     one row per take, all admitted at once."""
     keys = sampling.take_keys(seed, range(take_offset, take_offset + takes), "cpu").tolist()
     rows = [Row(prompt, k, max_frames) for k in keys]
     return decode_rows(runner, rows, slots=takes, params=params, eos_id=eos_id, chunk_frames=chunk_frames,
-                       should_stop=should_stop, on_frames=on_frames, timings=timings)
+                       should_stop=should_stop, on_frames=on_frames, timings=timings,
+                       first_chunk_frames=first_chunk_frames)
 
 
 def collect(chunks: Iterator[FrameChunk]) -> tuple[torch.Tensor, list[int]]:

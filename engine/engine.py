@@ -26,6 +26,12 @@ from .voice import Voice
 
 log = logging.getLogger(__name__)
 
+# Frame graphs captured at load: one take, attention windows up to this many positions (a 200-token
+# prompt plus 45 s of audio). Longer requests and several takes capture their window once, on first use: each
+# takes bucket holds its own static KV cache (~0.47 GB a row at 0.6B and 4096 positions), so they are
+# only allocated when asked for.
+PRECAPTURE_WINDOW = 768
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SWITCHES = ("auto", "on", "off")
 
@@ -100,6 +106,13 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def _tap(chunks, push):
+    """Pass the decode loop's chunks through, handing each one's codes (zero past a take's end) to `push`."""
+    for chunk in chunks:
+        push(chunk.codes.masked_fill(~chunk.valid[..., None], 0))
+        yield chunk
+
+
 class Engine:
     """Load once, then generate(), stream() and extract_voice() as often as needed. Calls are serialised
     (engine_lock.py): a second thread waits at most `busy_timeout_s` seconds, then gets EngineBusyError."""
@@ -169,11 +182,12 @@ class Engine:
         return engine
 
     def _enable_graphs(self, forced: bool, kernels=None) -> None:
-        """Switch to whole-frame CUDA graphs (and streaming codec graphs), proving capture works on a short
-        warm-up request."""
-        from .gpu.codec_graph import WARM_CHUNKS, CodecGraphs
+        """Switch to whole-frame CUDA graphs and codec piece graphs, capturing what requests will replay
+        (proving capture works) at load."""
+        from .gpu.codec_graph import CodecGraphs
         from .gpu.frame_graph import GraphedFrames
 
+        reserved_before = torch.cuda.memory_reserved(self.device) / 1e9
         graphed = GraphedFrames(self.talker, self.max_seq_len, kernels=kernels)
         codec = CodecGraphs(self.codec.decoder)
         eager = self.runner
@@ -192,17 +206,22 @@ class Engine:
             self.info.notes.append(msg)
             return
         self.info.cuda_graphs = True
-        self.info.notes.append(f"CUDA graphs: on (warm-up capture {graphed.capture_seconds:.2f} s)")
+        pre = graphed.prefill_graphs
+        prefill_note = (f"prefill graphs for prompts up to {max(pre.buckets)} tokens in {pre.capture_seconds:.2f} s"
+                        if pre is not None else "no prefill graphs")
+        taken = torch.cuda.memory_reserved(self.device) / 1e9 - reserved_before
+        self.info.notes.append(f"CUDA graphs: on ({len(graphed.graphs)} frame graphs in {graphed.capture_seconds:.2f} s; "
+                               f"{prefill_note}; graphs and their static buffers take {taken:.2f} GB)")
         if codec.failure is not None:  # CodecGraphs logged the warning; the frame graphs stay on
             self.codec_graphs = None
             codec.release()
             if forced:
                 raise UnsupportedConfigError(f"codec CUDA graph capture failed ({codec.failure}).")
-            self.info.notes.append(f"codec CUDA graphs: capture failed ({codec.failure}); streaming decodes eagerly")
+            self.info.notes.append(f"codec CUDA graphs: capture failed ({codec.failure}); the codec decodes eagerly")
             return
-        sizes = ", ".join(str(k) for k in WARM_CHUNKS)
-        self.info.notes.append(f"codec CUDA graphs: on (chunks of {sizes} frames at batch 1 captured in "
-                               f"{codec.capture_seconds:.2f} s; other sizes are captured on first use)")
+        self.info.notes.append(f"codec CUDA graphs: on ({codec.captures} piece graphs of 1-32 frames for one take "
+                               f"captured in {codec.capture_seconds:.2f} s; other take counts capture theirs before "
+                               "their first request decodes)")
 
     def _warmup(self) -> None:
         mode = MODE_OF_MODEL[self.cfg.tts_model_type]
@@ -217,11 +236,11 @@ class Engine:
         prompt, params, max_frames = self._prepare(req, 1, warm)
         for _ in self._frames(prompt, 1, 0, params, max_frames, 0, 0, None, None):
             pass
-        if self.codec_graphs is not None:  # so the first streamed chunk does not pay the capture
-            from .gpu.codec_graph import WARM_CHUNKS
-
-            for k in WARM_CHUNKS:
-                self.codec_graphs.capture(1, k)
+        precapture = getattr(self.runner, "precapture", None)
+        if callable(precapture):  # prefill buckets, and the one-take frame graphs of common windows
+            precapture([1], PRECAPTURE_WINDOW)
+        if self.codec_graphs is not None:  # every one-take decode (any length, any chunk) replays these
+            self.codec_graphs.precapture([1])
 
     # -- properties ----------------------------------------------------------------------------
 
@@ -248,6 +267,10 @@ class Engine:
         checks.whole_number("takes", takes, 1, self.max_takes,
                             "Load the model with a larger max_takes to generate more at once.")
         checks.whole_number("seed", seed, 0, SEED_MAX)
+        if self.codec_graphs is not None:  # a new takes bucket: its codec pieces, once, before decoding
+            from .gpu.codec_graph import bucket_of
+
+            self.codec_graphs.precapture([bucket_of(takes)])
         check_take_range(take_offset, takes)
         if not checks.same_kind(req, Request):
             raise InvalidInputError(f"the request must be an engine Request (got {type(req).__name__}).")
@@ -270,10 +293,11 @@ class Engine:
         return prompt, params, max_frames
 
     def _frames(self, prompt: Prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
-                on_progress, timings=None):
+                on_progress, timings=None, first_chunk_frames=0):
         return decode_frames(self.runner, prompt, takes=takes, seed=seed, params=params, max_frames=max_frames,
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, take_offset=take_offset,
-                             should_stop=should_stop, on_frames=on_progress, timings=timings)
+                             should_stop=should_stop, on_frames=on_progress, timings=timings,
+                             first_chunk_frames=first_chunk_frames)
 
     @serialised()
     @torch.inference_mode()
@@ -287,9 +311,17 @@ class Engine:
         timings = {}
         chunks = self._frames(prompt, takes, seed, params, max_frames, progress_every, take_offset, should_stop,
                               on_progress, timings)
-        codes, lengths = collect(chunks)
-        t_decode = time.perf_counter()
-        audio = self._codes_to_audio(codes, lengths, prompt.ref_codes)
+        overlap = self._overlapped_decode(takes, prompt.ref_codes)
+        try:
+            codes, lengths = collect(chunks if overlap is None else _tap(chunks, overlap.push))
+            t_decode = time.perf_counter()
+            if overlap is not None:
+                audio = self._trim(overlap.finish(), lengths)
+            else:
+                audio = self._codes_to_audio(codes, lengths, prompt.ref_codes)
+        finally:
+            if overlap is not None:
+                overlap.release()
         wall = time.perf_counter() - t0
         frames = codes.shape[1]
         samples = [n * SAMPLES_PER_FRAME for n in lengths]
@@ -393,19 +425,24 @@ class Engine:
     @serialised_stream
     @torch.inference_mode()
     def stream(self, req: Request, takes: int = 1, seed: int = 0, params: SamplingParams | None = None,
-               chunk_frames: int = 8, on_progress=None, should_stop=None, take_offset: int = 0
-               ) -> Iterator[AudioChunk]:
-        """Yield audio chunk by chunk; the concatenation equals generate() with the same arguments."""
+               chunk_frames: int = 8, on_progress=None, should_stop=None, take_offset: int = 0,
+               first_chunk_frames: int = 0) -> Iterator[AudioChunk]:
+        """Yield audio chunk by chunk; the concatenation equals generate() with the same arguments.
+
+        `first_chunk_frames` (1..chunk_frames, 0 = chunk_frames) makes the first chunk shorter, for earlier
+        first audio; the audio is the same, only cut at different frames."""
         from .codec.streaming import StreamingDecoder
 
         checks.whole_number("chunk_frames", chunk_frames, 1, MAX_NEW_TOKENS, "8 frames (0.64 s) is typical.")
+        checks.whole_number("first_chunk_frames", first_chunk_frames, 0, chunk_frames,
+                            "0 makes the first chunk as long as the others; 2 gives the earliest first audio.")
         t0 = time.perf_counter()
         prompt, params, max_frames = self._prepare(req, takes, params, take_offset, seed=seed)
-        decoder = StreamingDecoder(self.codec, batch=takes, graphs=self.codec_graphs, chunk_frames=chunk_frames)
+        decoder = StreamingDecoder(self.codec, batch=takes, graphs=self.codec_graphs)
         if prompt.ref_codes is not None:  # ICL: the reference codes are left context, never emitted
-            decoder.push(prompt.ref_codes[None].expand(takes, -1, -1).to(self.device))
+            decoder.prime(prompt.ref_codes)
         chunks = self._frames(prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
-                              on_progress)
+                              on_progress, first_chunk_frames=first_chunk_frames)
         for i, chunk in enumerate(chunks):
             codes = chunk.codes.masked_fill(~chunk.valid[..., None], 0)
             wav = decoder.push(codes).float()
@@ -415,21 +452,45 @@ class Engine:
             yield AudioChunk(audio=wav, valid=[int(v) for v in valid], codes=chunk.codes.cpu(), index=i,
                              elapsed_s=time.perf_counter() - t0, final=chunk.done)
 
+    def _overlapped_decode(self, takes: int, ref_codes):
+        """The codec decode that runs on a side stream while frames are generated (engine/gpu/codec_overlap.py),
+        or None: no codec graphs, or a live stream holds the state of this takes bucket."""
+        if self.codec_graphs is None:
+            return None
+        from .gpu.codec_overlap import OverlappedDecode
+
+        overlap = OverlappedDecode(self.codec_graphs, takes, ref_codes)
+        return overlap if overlap.active else None
+
+    @staticmethod
+    def _trim(wav: torch.Tensor, lengths: list) -> torch.Tensor:
+        """[B, samples] on any device -> float32 CPU, zero past each take's `lengths` frames."""
+        wav = wav.float().cpu()  # one copy to the host
+        out = torch.zeros(wav.shape[0], max(lengths, default=0) * SAMPLES_PER_FRAME)
+        for i, n in enumerate(lengths):
+            out[i, : n * SAMPLES_PER_FRAME] = wav[i, : n * SAMPLES_PER_FRAME]
+        return out
+
     def _codes_to_audio(self, codes: torch.Tensor, lengths: list, ref_codes: torch.Tensor | None) -> torch.Tensor:
         """Decode [B, T, 16] codes; frames past a take's end are zeroed first (the codec is causal, so
         they cannot change earlier samples) and their samples dropped."""
         takes, frames = codes.shape[0], codes.shape[1]
         keep = torch.arange(frames, device=codes.device)[None] < torch.tensor(lengths, device=codes.device)[:, None]
         codes = codes.masked_fill(~keep[..., None], 0)
-        ref = 0
-        if ref_codes is not None:
-            ref = ref_codes.shape[0]
-            codes = torch.cat([ref_codes[None].expand(takes, -1, -1).to(codes.device), codes], 1)
-        wav = self.codec.decode(codes).float()[:, ref * SAMPLES_PER_FRAME:]
-        out = torch.zeros(takes, max(lengths, default=0) * SAMPLES_PER_FRAME)
-        for i, n in enumerate(lengths):
-            out[i, : n * SAMPLES_PER_FRAME] = wav[i, : n * SAMPLES_PER_FRAME].cpu()
-        return out
+        wav = None
+        if self.codec_graphs is not None and frames > 0:  # piece graphs: any length, ICL prefix cached
+            from .gpu.codec_graph import bucket_of
+
+            self.codec_graphs.precapture([bucket_of(takes)])  # a new row count (generate_batch groups): once
+            self.codec.decoder.check_codes(codes.transpose(1, 2))
+            wav = self.codec_graphs.decode_utterance(codes, ref_codes)
+        if wav is None:
+            ref = 0
+            if ref_codes is not None:
+                ref = ref_codes.shape[0]
+                codes = torch.cat([ref_codes[None].expand(takes, -1, -1).to(codes.device), codes], 1)
+            wav = self.codec.decode(codes)[:, ref * SAMPLES_PER_FRAME:]
+        return self._trim(wav, lengths)
 
     # -- voices --------------------------------------------------------------------------------
 

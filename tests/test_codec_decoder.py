@@ -247,21 +247,23 @@ def test_streaming_with_codec_graphs_object_uncaptured(small_window):
     graphs = CodecGraphs(small_window.decoder, capture=False)
     codes = _codes(1, 11, seed=26)
     full = small_window.decode(codes)
-    first = StreamingDecoder(small_window, batch=1, graphs=graphs, chunk_frames=4)
+    first = StreamingDecoder(small_window, batch=1, graphs=graphs)
     shared = graphs.states[1]
-    busy = StreamingDecoder(small_window, batch=1, graphs=graphs, chunk_frames=4)
+    busy = StreamingDecoder(small_window, batch=1, graphs=graphs)
     assert graphs.private_streams == 1 and busy._state is not shared
+    joined = []
     for stream in (first, busy):
-        joined = torch.cat([stream.push(codes[:, s: s + 4]) for s in range(0, 11, 4)], dim=-1)
-        assert (joined - full).abs().max().item() <= TOL
+        joined.append(torch.cat([stream.push(codes[:, s: s + 4]) for s in range(0, 11, 4)], dim=-1))
+        assert (joined[-1] - full).abs().max().item() <= TOL
     first.reset()
     assert int(shared.frames) == 0
-    assert torch.equal(torch.cat([first.push(codes[:, s: s + 4]) for s in range(0, 11, 4)], dim=-1), joined)
+    assert torch.equal(torch.cat([first.push(codes[:, s: s + 4]) for s in range(0, 11, 4)], dim=-1), joined[0])
     del first, busy
-    again = StreamingDecoder(small_window, batch=1, graphs=graphs, chunk_frames=4)
+    again = StreamingDecoder(small_window, batch=1, graphs=graphs)
     assert again._state is shared and graphs.private_streams == 1
     stats = graphs.stats()
-    assert stats["graphed_chunks"] == 0 and stats["eager_chunks"] == 9 and stats["captured"] == []
+    # shared state: pushes of 4, 4, 3 frames run as pieces [4], [4], [2, 1], twice; the private one 3 calls
+    assert stats["replays"] == 0 and stats["eager_pieces"] == 4 + 3 + 4 and stats["captured"] == []
     with pytest.raises(InvalidInputError, match="stateful"):
         StreamingDecoder(small_window, batch=1, context_frames=4, graphs=graphs)
     graphs.release()
@@ -274,13 +276,13 @@ def test_codec_graph_capture_failure_falls_back_to_eager_once(small_window, capl
 
     graphs = CodecGraphs(small_window.decoder)
     codes = _codes(1, 10, seed=27)
-    stream = StreamingDecoder(small_window, batch=1, graphs=graphs, chunk_frames=4)
+    stream = StreamingDecoder(small_window, batch=1, graphs=graphs)
     with caplog.at_level("WARNING", logger="engine.gpu.codec_graph"):
         joined = torch.cat([stream.push(codes[:, s: s + 4]) for s in range(0, 10, 4)], dim=-1)
     assert (joined - small_window.decode(codes)).abs().max().item() <= TOL
     warnings = [r for r in caplog.records if "capture failed" in r.getMessage()]
     assert len(warnings) == 1 and graphs.failure is not None
-    assert graphs.stats()["eager_chunks"] == 3 and not graphs.graphs
+    assert graphs.stats()["eager_pieces"] == 3 and not graphs.graphs  # pieces [4], [4], [2]
     assert not graphs.capture(1, 8)
 
 
@@ -322,3 +324,37 @@ def test_config_errors_name_file_and_key():
     assert cfg.encoder["model_type"] == "mimi" and cfg.decoder.hidden_size == 512
     n = sum(p.numel() for p in CodecDecoder(cfg.decoder).parameters())
     assert 90e6 < n < 130e6
+
+
+def test_pieces_cover_every_length():
+    from engine.gpu.codec_graph import PIECES, pieces
+
+    for n in range(0, 200):
+        split = pieces(n)
+        assert sum(split) == n and all(s in PIECES for s in split) and split == sorted(split, reverse=True)
+        assert len([s for s in split if s < PIECES[0]]) == len(set(s for s in split if s < PIECES[0]))
+    assert pieces(13) == [8, 4, 1] and pieces(70) == [32, 32, 4, 2]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_whole_utterance_through_pieces_equals_one_pass(small_window, batch):
+    """CodecGraphs.decode_utterance (capture off: the same pieces, eager) in a padded bucket equals one pass,
+    and an ICL prefix is decoded once, then restored (the same audio as decoding it every time)."""
+    from engine.gpu.codec_graph import CodecGraphs
+
+    graphs = CodecGraphs(small_window.decoder, capture=False)
+    for frames in (1, 13, 45):
+        codes = _codes(batch, frames, seed=40 + frames)
+        got = graphs.decode_utterance(codes)
+        assert got.shape == (batch, frames * 1920)
+        assert (got - small_window.decode(codes)).abs().max().item() <= TOL, frames
+    assert set(graphs.states) == {1 if batch == 1 else 4}
+    ref = _codes(1, 9, seed=50)[0]
+    codes = _codes(batch, 11, seed=51)
+    one = small_window.decode(torch.cat([ref[None].expand(batch, -1, -1), codes], 1))[:, 9 * 1920:]
+    first = graphs.decode_utterance(codes, ref)
+    again = graphs.decode_utterance(codes, ref)
+    assert graphs.prefix_hits == 1 and len(graphs.prefixes) == 1
+    assert torch.equal(first, again)
+    assert (first - one).abs().max().item() <= TOL
+    graphs.release()

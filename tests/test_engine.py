@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from engine import Engine, Request
+from engine.errors import InvalidInputError
 from tests.decoding import joined_take
 
 FRAMES = 12
@@ -57,6 +58,18 @@ def test_streaming_equals_generate(custom, chunk):
         joined = joined_take(chunks, i)
         assert joined.shape[0] == whole.lengths[i]
         assert float((joined - whole.audio[i, : whole.lengths[i]]).abs().max()) <= 1e-5
+
+
+def test_smaller_first_chunk_same_audio(custom):
+    params = sampled(custom, 15)
+    whole = custom.generate(req(), takes=2, seed=3, params=params)
+    chunks = list(custom.stream(req(), takes=2, seed=3, params=params, chunk_frames=4, first_chunk_frames=2))
+    assert [c.codes.shape[1] for c in chunks] == [2, 4, 4, 4, 1]
+    for i in range(2):
+        joined = joined_take(chunks, i)
+        assert float((joined - whole.audio[i, : whole.lengths[i]]).abs().max()) <= 1e-5
+    with pytest.raises(InvalidInputError, match="first_chunk_frames"):
+        next(custom.stream(req(), params=params, chunk_frames=4, first_chunk_frames=5))
 
 
 def test_streaming_icl_clone_equals_generate(base):

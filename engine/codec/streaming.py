@@ -39,13 +39,12 @@ def _as_decoder(obj) -> CodecDecoder:
 class StreamingDecoder:
     """Decode a growing code sequence chunk by chunk; concatenated output equals SpeechTokenizer.decode of all codes.
 
-    `graphs` (an engine.gpu.codec_graph.CodecGraphs, stateful mode only) replays a captured CUDA graph per
-    chunk size: pushes of exactly `chunk_frames` frames may capture one, any other push uses a graph that
-    already exists for its size or runs eagerly on the same state. The output is the same either way.
+    `graphs` (an engine.gpu.codec_graph.CodecGraphs, stateful mode only) decodes every push as replays of
+    its captured piece graphs (any push size); the output is the same as without them.
     """
 
     def __init__(self, tokenizer_or_decoder: nn.Module, batch: int, context_frames: int | None = None,
-                 graphs=None, chunk_frames: int | None = None):
+                 graphs=None):
         if batch < 1:
             raise InvalidInputError(f"StreamingDecoder batch must be >= 1, got {batch}.")
         if context_frames is not None and context_frames < 0:
@@ -56,7 +55,6 @@ class StreamingDecoder:
         self.batch = batch
         self.context_frames = context_frames
         self.graphs = graphs
-        self.chunk_frames = chunk_frames
         shared = graphs.acquire(batch, self) if graphs is not None else None
         self._state = shared if shared is not None else DecodeState()
         self.reset()
@@ -65,6 +63,18 @@ class StreamingDecoder:
         """Forget everything pushed so far; the next push starts a new utterance."""
         self._state.zero_()  # in place: graphs captured on these buffers stay valid
         self._history: torch.Tensor | None = None  # windowed mode: the last context_frames frames [B, Q, n]
+
+    @torch.inference_mode()
+    def prime(self, ref_codes: torch.Tensor) -> None:
+        """Start a new utterance after left context that is never emitted: the ICL reference codes [R, Q].
+        With codec graphs the state after them is cached per reference, so repeats cost a copy."""
+        if self.graphs is not None and self.context_frames is None:
+            self.decoder.check_codes(ref_codes.t()[None])
+            self.graphs.prime(self._state, ref_codes, self.batch)
+            return
+        self.reset()
+        p = next(self.decoder.parameters())
+        self.push(ref_codes[None].expand(self.batch, -1, -1).to(p.device))
 
     @torch.inference_mode()
     def push(self, codes: torch.Tensor) -> torch.Tensor:
@@ -82,7 +92,7 @@ class StreamingDecoder:
         self.decoder.check_codes(codes)
         if self.context_frames is None:
             if self.graphs is not None:
-                return self.graphs.decode(codes, self._state, capture=k == self.chunk_frames)
+                return self.graphs.decode(codes, self._state)
             return self.decoder(codes, self._state, check=False)
         window = codes if self._history is None else torch.cat([self._history, codes], dim=-1)
         self._history = window[..., max(0, window.shape[-1] - self.context_frames):]

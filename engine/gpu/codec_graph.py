@@ -1,20 +1,27 @@
-"""The streaming codec decoder as CUDA graphs: one graph per (batch, chunk frames).
+"""The codec decoder as CUDA graphs over pieces of 32, 16, 8, 4, 2 and 1 frames: any length, no capture.
 
 A chunked decode continues a `DecodeState` whose buffers have static shapes and are only written in
-place (engine/codec/decoder.py), so the chunk step can be captured once and replayed for every later
-chunk of that size. `CodecGraphs` keeps one state per batch size (the graphs of that batch read and
-write its buffers), captures lazily, and runs any chunk without a graph (the last, shorter chunk of a
-stream, the ICL reference prefix) eagerly on the SAME buffers, so the audio stays continuous.
+place (engine/codec/decoder.py), and the result equals one pass over all frames however the frames are
+split. So any run of k frames is decoded as its binary pieces (k = 13: 8 + 4 + 1), each the replay of a
+graph captured once at load. Whole utterances, streamed chunks of any size and the ICL reference prefix
+all go through the same pieces: no length is ever compiled or captured while a request runs.
 
-Because a batch size has one shared state, one stream at a time may use it: `acquire` hands it to a
-StreamingDecoder while no other live decoder holds it; a second, concurrent stream gets None and
-decodes eagerly on a private state (still exact, just not graphed).
+`CodecGraphs` keeps one state per batch bucket (1, 2, 4, 8, 16, as the frame graphs): a batch of 3 rows
+runs in the bucket of 4 with a zero row (rows are independent, so the padding changes nothing). Because a
+bucket has one shared state, one stream at a time may use it: `acquire` hands it to a StreamingDecoder
+while no other live decoder holds it; a second, concurrent stream gets None and decodes eagerly on a
+private state (still exact, just not graphed).
+
+The ICL reference prefix is decoded once per (voice, bucket): the state after it is kept (a few MB) and
+put back for the next request with the same reference codes, so no request re-decodes them.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import weakref
+from collections import OrderedDict
 
 import torch
 
@@ -23,38 +30,62 @@ from .capture import capture as capture_graph
 
 log = logging.getLogger(__name__)
 
-WARM_CHUNKS = (4, 8)  # the streaming node's common chunk sizes, captured at load time for batch 1
+PIECES = (32, 16, 8, 4, 2, 1)  # frames per captured graph; every length is a sum of these
+BATCH_BUCKETS = (1, 2, 4, 8, 16)
+PREFIXES_KEPT = 8  # ICL reference states kept (least recently used dropped first)
+
+
+def pieces(frames: int) -> list[int]:
+    """frames as a sum of PIECES, largest first (at most one of each size below the largest)."""
+    out = []
+    for size in PIECES:
+        while frames >= size:
+            out.append(size)
+            frames -= size
+    return out
+
+
+def bucket_of(batch: int) -> int:
+    for b in BATCH_BUCKETS:
+        if b >= batch:
+            return b
+    raise ValueError(f"at most {BATCH_BUCKETS[-1]} rows fit a codec graph bucket (got {batch})")
 
 
 class CodecGraphs:
-    """Owns the per-batch decode states and the captured chunk graphs of one CodecDecoder."""
+    """Owns the per-bucket decode states, the captured piece graphs and the ICL prefix states."""
 
     def __init__(self, decoder: CodecDecoder, capture: bool = True):
         self.decoder = decoder
-        self.capture_enabled = capture  # False: same bookkeeping, every chunk eager (CPU tests)
+        self.capture_enabled = capture  # False: same bookkeeping, every piece eager (CPU tests)
         self.states: dict[int, DecodeState] = {}
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.prefixes: OrderedDict = OrderedDict()  # (bucket, reference key) -> state snapshot
         self._owners: dict[int, weakref.ref] = {}
         self.pool = None
         self.capture_seconds = 0.0
-        self.graphed_chunks = 0
-        self.eager_chunks = 0
-        self.private_streams = 0  # streams that found their batch's state busy and decoded eagerly
+        self.late_captures = 0  # captures outside precapture(), i.e. while a request ran
+        self.replays = 0
+        self.eager_pieces = 0
+        self.prefix_hits = 0
+        self.private_streams = 0  # streams that found their bucket's state busy and decoded eagerly
         self.failure: str | None = None  # first capture error; no capture is tried after one
 
     @property
     def captures(self) -> int:
-        """Successful captures: one per (batch, chunk size), a replayed size never counts twice."""
+        """Successful captures: one per (bucket, piece), a replayed piece never counts twice."""
         return len(self.graphs)
 
     def stats(self) -> dict:
         return {"captured": sorted(self.graphs), "captures": self.captures, "capture_s": self.capture_seconds,
-                "graphed_chunks": self.graphed_chunks, "eager_chunks": self.eager_chunks,
+                "late_captures": self.late_captures, "replays": self.replays, "eager_pieces": self.eager_pieces,
+                "prefix_hits": self.prefix_hits, "prefixes": len(self.prefixes),
                 "private_streams": self.private_streams, "failure": self.failure}
 
     def release(self) -> None:
         self.graphs.clear()
         self.states.clear()
+        self.prefixes.clear()
         self._owners.clear()
         self.pool = None
         self.capture_enabled = False  # a decoder still holding a state keeps working, eagerly
@@ -62,42 +93,62 @@ class CodecGraphs:
     # -- states --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def state(self, batch: int) -> DecodeState:
-        """The shared state of `batch`, every buffer allocated (outside any capture, on this stream)."""
-        if batch not in self.states:
+    def state(self, bucket: int) -> DecodeState:
+        """The shared state of `bucket` rows, every buffer allocated (outside any capture, on this stream)."""
+        if bucket not in self.states:
             p = next(self.decoder.parameters())
             state = DecodeState()
-            codes = torch.zeros(batch, self.decoder.cfg.num_quantizers, 1, dtype=torch.long, device=p.device)
+            codes = torch.zeros(bucket, self.decoder.cfg.num_quantizers, 1, dtype=torch.long, device=p.device)
             self.decoder(codes, state, check=False)  # one frame allocates every tail, K/V and the position
-            self.states[batch] = state.zero_()
-        return self.states[batch]
+            self.states[bucket] = state.zero_()
+        return self.states[bucket]
 
     def acquire(self, batch: int, owner) -> DecodeState | None:
-        """The shared state of `batch` for `owner`, or None while another live owner holds it."""
-        ref = self._owners.get(batch)
+        """The shared state of batch's bucket for `owner`, or None while another live owner holds it."""
+        bucket = bucket_of(batch)
+        ref = self._owners.get(bucket)
         holder = ref() if ref is not None else None
         if holder is not None and holder is not owner:
             self.private_streams += 1
-            log.info("codec graphs: the batch-%d decode state is in use by another stream; decoding eagerly", batch)
+            log.info("codec graphs: the %d-row decode state is in use by another stream; decoding eagerly", bucket)
             return None
-        state = self.state(batch)
-        self._owners[batch] = weakref.ref(owner)  # freed with the owner (e.g. an exhausted Engine.stream)
+        state = self.state(bucket)
+        self._owners[bucket] = weakref.ref(owner)  # freed with the owner (e.g. an exhausted Engine.stream)
         return state
 
-    # -- capture and replay --------------------------------------------------------------------
+    def release_owner(self, bucket: int, owner) -> None:
+        """`owner` is done with the bucket's state (a no-op if someone else holds it)."""
+        ref = self._owners.get(bucket)
+        if ref is not None and ref() is owner:
+            del self._owners[bucket]
+
+    def _bucket_holding(self, state: DecodeState) -> int | None:
+        for bucket, shared in self.states.items():
+            if shared is state:
+                return bucket
+        return None
+
+    # -- capture -------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def capture(self, batch: int, frames: int) -> bool:
-        """Capture the graph for (batch, frames) unless it exists; False if capture is off or failed."""
-        key = (batch, frames)
+    def precapture(self, buckets) -> None:
+        """Capture every piece for each bucket (at load: a request never pays a capture)."""
+        for bucket in buckets:
+            for size in PIECES:
+                self.capture(bucket, size)
+
+    @torch.inference_mode()
+    def capture(self, bucket: int, frames: int) -> bool:
+        """Capture the graph for (bucket, frames) unless it exists; False if capture is off or failed."""
+        key = (bucket, frames)
         if key in self.graphs:
             return True
         if not self.capture_enabled or self.failure is not None:
             return False
         t0 = time.perf_counter()
-        state = self.state(batch)
+        state = self.state(bucket)
         saved = state.snapshot()
-        codes = torch.zeros(batch, self.decoder.cfg.num_quantizers, frames, dtype=torch.long,
+        codes = torch.zeros(bucket, self.decoder.cfg.num_quantizers, frames, dtype=torch.long,
                             device=state.frames.device)
         try:
             if self.pool is None:
@@ -105,8 +156,8 @@ class CodecGraphs:
             graph, wav = capture_graph(lambda: self.decoder(codes, state, check=False), self.pool)
         except Exception as exc:  # noqa: BLE001  any failure: say so once, then decode eagerly
             self.failure = f"{type(exc).__name__}: {exc}"
-            log.warning("codec CUDA graph capture failed (batch %d, %d-frame chunks: %s); decoding eagerly",
-                        batch, frames, self.failure)
+            log.warning("codec CUDA graph capture failed (%d rows, %d-frame pieces: %s); decoding eagerly",
+                        bucket, frames, self.failure)
             return False
         finally:
             state.restore(saved)  # the warm-up decodes must not advance the real state
@@ -114,23 +165,94 @@ class CodecGraphs:
         self.capture_seconds += time.perf_counter() - t0
         return True
 
+    # -- decoding ------------------------------------------------------------------------------
+
     @torch.inference_mode()
-    def decode(self, codes: torch.Tensor, state: DecodeState, capture: bool = True) -> torch.Tensor:
+    def decode(self, codes: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """codes [B, Q, k] -> audio [B, k * samples_per_frame], continuing `state`.
 
-        Replays the (B, k) graph when `state` is the shared state of batch B and a graph exists (or may be
-        captured now: `capture`); otherwise decodes eagerly on `state` itself.
+        On a bucket's shared state the k frames run as their pieces, each a graph replay (a piece with no
+        graph is captured now if capture is on, else decoded eagerly on the same buffers); on any other
+        state, eagerly in one call.
         """
         batch, frames = codes.shape[0], codes.shape[-1]
-        shared = self.states.get(batch) is state
-        if shared and capture:
-            self.capture(batch, frames)
-        entry = self.graphs.get((batch, frames)) if shared else None
+        bucket = self._bucket_holding(state)
+        if bucket is None:
+            self.eager_pieces += 1
+            return self.decoder(codes, state, check=False)
+        if bucket > batch:  # zero rows: the codec's rows are independent, so they change nothing
+            codes = torch.cat([codes, codes.new_zeros(bucket - batch, *codes.shape[1:])])
+        spf = self.decoder.samples_per_frame
+        out = None
+        start = 0
+        for size in pieces(frames):
+            wav = self._piece(bucket, size, codes[..., start: start + size], state)
+            if out is None:
+                out = wav.new_empty(batch, frames * spf)
+            out[:, start * spf: (start + size) * spf].copy_(wav[:batch])
+            start += size
+        return out
+
+    def _piece(self, bucket: int, size: int, codes: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        if (bucket, size) not in self.graphs and self.capture_enabled and self.failure is None:
+            self.late_captures += 1
+            log.info("codec graphs: capturing %d-frame pieces for %d rows during a request", size, bucket)
+            self.capture(bucket, size)
+        entry = self.graphs.get((bucket, size))
         if entry is None:
-            self.eager_chunks += 1
+            self.eager_pieces += 1
             return self.decoder(codes, state, check=False)
         graph, static_codes, wav = entry
         static_codes.copy_(codes)
         graph.replay()
-        self.graphed_chunks += 1
-        return wav.clone()  # the static output is overwritten by the next replay
+        self.replays += 1
+        return wav  # static: the caller copies it out before the next replay
+
+    @torch.inference_mode()
+    def prime(self, state: DecodeState, ref_codes: torch.Tensor, batch: int) -> None:
+        """Start a new utterance of `batch` rows on `state` after the ICL reference codes [R, Q] (left
+        context, never emitted). On a shared state the state after the reference is kept and put back
+        the next time the same codes come."""
+        bucket = self._bucket_holding(state)
+        codes = ref_codes.t()[None]
+        if bucket is None:
+            state.zero_()
+            self.decode(codes.expand(batch, -1, -1).to(self._device()), state)
+            return
+        key = (bucket, tuple(ref_codes.shape), hashlib.sha1(ref_codes.cpu().numpy().tobytes()).hexdigest())
+        saved = self.prefixes.get(key)
+        if saved is not None:
+            state.restore(saved)
+            self.prefixes.move_to_end(key)
+            self.prefix_hits += 1
+            return
+        state.zero_()
+        self.decode(codes.expand(bucket, -1, -1).to(self._device()), state)
+        self.prefixes[key] = state.snapshot()
+        if len(self.prefixes) > PREFIXES_KEPT:
+            self.prefixes.popitem(last=False)
+
+    @torch.inference_mode()
+    def decode_utterance(self, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Whole-utterance decode of codes [B, T, Q] (frame-major) through the piece graphs, after the ICL
+        reference codes [R, Q] if given: audio [B, T * samples_per_frame]. None when the bucket's state is
+        held by a live stream (the caller then decodes eagerly)."""
+        owner = _Owner()
+        state = self.acquire(codes.shape[0], owner)
+        if state is None:
+            return None
+        try:
+            if ref_codes is not None:
+                self.prime(state, ref_codes, codes.shape[0])
+            else:
+                state.zero_()
+            return self.decode(codes.transpose(1, 2), state)
+        finally:
+            self.release_owner(bucket_of(codes.shape[0]), owner)
+
+    def _device(self):
+        return next(self.decoder.parameters()).device
+
+
+class _Owner:
+    """A holder for acquire() during one synchronous whole-utterance decode."""

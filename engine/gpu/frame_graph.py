@@ -193,7 +193,10 @@ class GraphedFrames:
         self.states: dict[int, FrameState] = {}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self.capture_seconds = 0.0
+        self.capture_seconds = 0.0  # frame graphs, whenever captured
+        self.precapture_seconds = 0.0  # everything precapture() captured at load
+        self.late_captures = 0  # frame graphs captured while a request ran
+        self.prefill_graphs = None  # PrefillGraphs once precapture() ran
         self.position = 0
 
     @property
@@ -208,20 +211,45 @@ class GraphedFrames:
         self.graphs.clear()
         self.states.clear()
         self.pool = None
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.release()
+            self.prefill_graphs = None
 
     def _window(self, position: int) -> int:
         return min(self.max_seq_len, (position // WINDOW_STEP + 1) * WINDOW_STEP)
 
-    def open(self, *, slots: int, params, eos_id: int, max_len: int) -> None:
-        bucket = batch_bucket(slots)
-        if max_len > self.max_seq_len:
-            raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
+    def _state(self, bucket: int) -> FrameState:
         if bucket not in self.states:
             state = FrameState(self.talker, bucket, self.max_seq_len, self.trailing_rows)
             dtype = state.hidden.dtype
             state.pred_rope = [self.fused["predictor"].rope(p, dtype) for p in state.pred_pos]
             self.states[bucket] = state
-        s = self.s = self.states[bucket]
+        return self.states[bucket]
+
+    def precapture(self, buckets, max_window: int) -> None:
+        """Capture, before any request, the prefill graphs (engine/gpu/prefill_graph.py) and the frame graphs
+        of `buckets` for every attention window up to `max_window` positions, so requests that fit replay
+        only. A frame graph captured over a state no row was admitted to runs on zeros: harmless, every
+        buffer it touches is rewritten by open() and admit()."""
+        from .prefill_graph import PrefillGraphs
+
+        if not self.capture_enabled:
+            return
+        t0 = time.perf_counter()
+        if self.prefill_graphs is None:
+            self.prefill_graphs = PrefillGraphs(self.talker)
+        self.prefill_graphs.capture_all()
+        for bucket in buckets:
+            self.s = self._state(bucket)
+            for window in range(WINDOW_STEP, min(max_window, self.max_seq_len) + 1, WINDOW_STEP):
+                self._graph(window)
+        self.precapture_seconds = time.perf_counter() - t0
+
+    def open(self, *, slots: int, params, eos_id: int, max_len: int) -> None:
+        bucket = batch_bucket(slots)
+        if max_len > self.max_seq_len:
+            raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
+        s = self.s = self._state(bucket)
         self.slots = slots
         s.finished.fill_(True)  # every slot is empty until a row is admitted (padding rows stay so)
         s.valid.zero_()
@@ -234,7 +262,10 @@ class GraphedFrames:
         """Prefill `prompt` into rows `slots` (its takes) and reset their per-row state."""
         s = self.s
         idx = torch.tensor(slots, device=s.pos.device)
-        s.hidden[idx] = prefill_into(self.talker, prompt, s.cache, idx)
+        hidden = self.prefill_graphs.run(prompt, s.cache, idx) if self.prefill_graphs is not None else None
+        if hidden is None:  # no prefill graph holds this prompt length (or capture is off)
+            hidden = prefill_into(self.talker, prompt, s.cache, idx)
+        s.hidden[idx] = hidden
         s.pos[idx] = prompt.prefill.shape[1]
         s.t[idx] = 0
         s.limit[idx] = max_frames
@@ -263,6 +294,10 @@ class GraphedFrames:
         self.position = max(host.positions())  # the longest row's next position (bench/profile_frame reads it)
         window = self._window(self.position)
         if self.capture_enabled:
+            if self.prefill_graphs is not None and (self.s.batch, window) not in self.graphs:
+                self.late_captures += 1  # after load: this request pays a capture
+                log.info("frame graphs: capturing %d rows x %d-position window during a request",
+                         self.s.batch, window)
             self._graph(window).replay()
         else:
             frame_body(self.talker, self.fused, self.s, window)

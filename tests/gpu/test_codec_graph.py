@@ -1,12 +1,12 @@
-"""Streaming codec decoder under CUDA graphs (skipped without CUDA).
+"""The codec decoder under CUDA graphs: piece graphs of 32/16/8/4/2/1 frames (skipped without CUDA).
 
-The captured chunk step must replay the eager chunk step on the same DecodeState buffers, and both must
-equal the one-pass decode. Tolerances: fp32 (TF32 off, see conftest.py) 1e-5, the bound the CPU tests
-use for chunked vs one-pass decoding. bf16: graph and eager run the same kernels on the same inputs
-(identical in practice; the bound only leaves room for a different library algorithm under capture),
-while chunked vs one pass rounds differently in bf16 at every chunk boundary: on the CPU with the tiny
-checkpoint codec that is up to ~0.009 max and ~3e-4 rms on output of rms ~0.2, so the bf16 bounds are
-0.05 max and 5e-3 rms.
+Every decode (whole utterances of any length, streamed chunks of any size, the ICL prefix) replays graphs
+captured at load, on the same DecodeState buffers as the eager chunked decode, and equals the one-pass
+decode. Tolerances: fp32 (TF32 off, see conftest.py) 1e-5, the bound the CPU tests use for chunked vs
+one-pass decoding. bf16: graph and eager run the same kernels on the same inputs (identical in practice;
+the bound only leaves room for a different library algorithm under capture), while chunked vs one pass
+rounds differently in bf16 at every chunk boundary: on the CPU with the tiny checkpoint codec that is up
+to ~0.009 max and ~3e-4 rms on output of rms ~0.2, so the bf16 bounds are 0.05 max and 5e-3 rms.
 """
 import pytest
 import torch
@@ -14,7 +14,7 @@ import torch
 from engine import Engine, Request, Voice
 from engine.codec import StreamingDecoder
 from engine.errors import UnsupportedConfigError
-from engine.gpu.codec_graph import WARM_CHUNKS, CodecGraphs
+from engine.gpu.codec_graph import PIECES, CodecGraphs, bucket_of, pieces
 from tests.decoding import joined_take
 
 pytestmark = pytest.mark.gpu
@@ -42,10 +42,10 @@ def _codes(batch, frames, seed):
     return torch.randint(0, 2048, (batch, frames, 16), generator=g).cuda()
 
 
-def _stream(codec, codes, sizes, graphs=None, chunk=None):
+def _stream(codec, codes, sizes, graphs=None):
     """Push codes [B, T, 16] in pieces of `sizes` frames; returns the joined audio (float32)."""
     assert sum(sizes) == codes.shape[1]
-    dec = StreamingDecoder(codec, batch=codes.shape[0], graphs=graphs, chunk_frames=chunk)
+    dec = StreamingDecoder(codec, batch=codes.shape[0], graphs=graphs)
     parts, s = [], 0
     for n in sizes:
         parts.append(dec.push(codes[:, s: s + n]))
@@ -65,65 +65,90 @@ def _check(name, got, ref, dtype):
     assert worst <= max_tol and rms <= rms_tol, (name, worst, rms)
 
 
-def test_load_precaptures_common_chunk_sizes(fp32):
-    g = fp32.codec_graphs
+def test_load_precaptures_every_piece_for_one_take(tiny_checkpoints):
+    eng = _load(tiny_checkpoints["custom_voice"], "fp32")
+    g = eng.codec_graphs
     assert isinstance(g, CodecGraphs) and g.failure is None
-    assert set(g.graphs) == {(1, k) for k in WARM_CHUNKS} and g.captures == len(WARM_CHUNKS)
-    assert any(n.startswith("codec CUDA graphs: on") for n in fp32.info.notes), fp32.info.notes
-    assert g.capture_seconds > 0
+    assert set(g.graphs) == {(1, k) for k in PIECES}
+    assert any(n.startswith("codec CUDA graphs: on") for n in eng.info.notes), eng.info.notes
+    assert g.capture_seconds > 0 and g.late_captures == 0
     # the capture warm-up decoded zeros on the shared state: it must have been put back to fresh
-    assert all(not t.any() for t in g.states[1].buffers())
+    assert all(not t.any() for state in g.states.values() for t in state.buffers())
+    eng.generate(_req(), takes=3, params=eng.defaults.replace(max_new_tokens=5))  # bucket 4: before decoding
+    assert set(g.graphs) == {(b, k) for b in (1, 4) for k in PIECES} and g.late_captures == 0
+    eng.release()
 
 
-@pytest.mark.parametrize("dtype,batch,chunk", [("fp32", 1, 4), ("fp32", 2, 8), ("fp32", 3, 1), ("bf16", 1, 4),
-                                               ("bf16", 2, 8)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_whole_decode_any_length_equals_one_pass(fp32, batch):
+    """Lengths 1..600 through the piece graphs: no capture, within 1e-5 of one pass (fp32)."""
+    g = fp32.codec_graphs
+    g.precapture([bucket_of(batch)])  # what a request of `batch` takes does before it decodes
+    before = g.stats()
+    worst = 0.0
+    for frames in list(range(1, 41)) + [63, 64, 65, 127, 250, 299, 300, 301, 417, 599, 600]:
+        codes = _codes(batch, frames, seed=frames * 7 + batch)
+        got = g.decode_utterance(codes).float()
+        one = fp32.codec.decoder(codes.transpose(1, 2)).float()  # one pass, even past 300 frames
+        assert got.shape == one.shape == (batch, frames * 1920)
+        worst = max(worst, (got - one).abs().max().item())
+        assert worst <= 1e-5, (frames, worst)
+    after = g.stats()
+    print(f"piece-graph decode vs one pass, batch {batch}, lengths 1..600: max {worst:.3g}")
+    assert after["captures"] == before["captures"] and after["late_captures"] == 0
+    assert after["eager_pieces"] == before["eager_pieces"] and after["replays"] > before["replays"]
+
+
+@pytest.mark.parametrize("dtype,batch,chunk", [("fp32", 1, 4), ("fp32", 2, 8), ("fp32", 3, 1), ("fp32", 1, 12),
+                                               ("bf16", 1, 4), ("bf16", 2, 8)])
 def test_graph_stream_equals_eager_and_one_pass(request, dtype, batch, chunk):
     engine = request.getfixturevalue(dtype)
     graphs = CodecGraphs(engine.codec.decoder)
+    graphs.precapture([1, 2, 4])
     frames = 26
     codes = _codes(batch, frames, seed=batch * 10 + chunk)
     sizes = _chunks(frames, chunk)
-    graphed = _stream(engine.codec, codes, sizes, graphs, chunk)
+    graphed = _stream(engine.codec, codes, sizes, graphs)
     eager = _stream(engine.codec, codes, sizes)
     one = engine.codec.decode(codes).float()
     assert graphed.shape == one.shape == (batch, frames * 1920)
-    assert graphs.captures == 1 and set(graphs.graphs) == {(batch, chunk)}
-    assert graphs.graphed_chunks == frames // chunk and graphs.eager_chunks == (1 if frames % chunk else 0)
+    assert graphs.late_captures == 0 and graphs.eager_pieces == 0
+    assert graphs.replays == sum(len(pieces(n)) for n in sizes)
     replay = (graphed - eager).abs().max().item()
     print(f"graph vs eager stream ({dtype}, batch {batch}, chunk {chunk}): max {replay:.3g}")
-    assert replay <= REPLAY_TOL[dtype]
+    assert replay <= (REPLAY_TOL[dtype] if chunk in PIECES else TOL[dtype][0])  # 12 = 8 + 4 splits differently
     _check(f"graph stream vs one pass, batch {batch}, chunk {chunk}", graphed, one, dtype)
     graphs.release()
 
 
-def test_one_capture_per_chunk_size_across_utterances(fp32):
+def test_one_state_across_utterances(fp32):
     graphs = CodecGraphs(fp32.codec.decoder)
+    graphs.precapture([1])
     a, b = _codes(1, 20, seed=1), _codes(1, 20, seed=2)
-    stream = StreamingDecoder(fp32.codec, batch=1, graphs=graphs, chunk_frames=4)
+    stream = StreamingDecoder(fp32.codec, batch=1, graphs=graphs)
     state = graphs.states[1]
     ptrs = [t.data_ptr() for t in state.buffers()]
     first = torch.cat([stream.push(a[:, s: s + 4]) for s in range(0, 20, 4)], -1).float()
-    stream.reset()  # in place: the graph keeps reading the same buffers
+    stream.reset()  # in place: the graphs keep reading the same buffers
     second = torch.cat([stream.push(b[:, s: s + 4]) for s in range(0, 20, 4)], -1).float()
     del stream
-    third = _stream(fp32.codec, a, [4] * 5, graphs, 4)  # a new stream reuses the shared state and graph
-    assert graphs.captures == 1 and set(graphs.graphs) == {(1, 4)}
-    assert graphs.graphed_chunks == 15 and graphs.eager_chunks == 0 and graphs.private_streams == 0
+    third = _stream(fp32.codec, a, [4] * 5, graphs)  # a new stream reuses the shared state and graphs
+    assert graphs.captures == len(PIECES) and graphs.late_captures == 0
+    assert graphs.replays == 15 and graphs.eager_pieces == 0 and graphs.private_streams == 0
     assert [t.data_ptr() for t in state.buffers()] == ptrs
     _check("utterance 1", first, fp32.codec.decode(a).float(), "fp32")
     _check("utterance 2 after reset", second, fp32.codec.decode(b).float(), "fp32")
-    assert torch.equal(third, first)  # same codes, same graph, same fresh state: bit for bit
-    graphs.release()
+    assert torch.equal(third, first)  # same codes, same graphs, same fresh state: bit for bit
 
 
-def test_uneven_chunks_run_eagerly_and_stay_continuous(fp32):
-    """A prefix push (as the ICL reference codes are) and a short final chunk have no graph: they run
-    eagerly on the same state, between graphed chunks, and the audio has no seam."""
+def test_uneven_chunks_stay_continuous(fp32):
+    """A prefix push (as the ICL reference codes are) and a short final chunk split into pieces between
+    whole chunks, and the audio has no seam."""
     graphs = CodecGraphs(fp32.codec.decoder)
+    graphs.precapture([1])
     codes = _codes(1, 3 + 8 + 8 + 5, seed=3)
-    joined = _stream(fp32.codec, codes, [3, 8, 8, 5], graphs, 8)
-    assert set(graphs.graphs) == {(1, 8)}
-    assert graphs.graphed_chunks == 2 and graphs.eager_chunks == 2
+    joined = _stream(fp32.codec, codes, [3, 8, 8, 5], graphs)
+    assert graphs.replays == 2 + 1 + 1 + 2 and graphs.eager_pieces == 0
     one = fp32.codec.decode(codes).float()
     _check("prefix 3 + 8 + 8 + final 5", joined, one, "fp32")
     for s, e in ((0, 3), (3, 11), (11, 19), (19, 24)):  # each piece, boundaries included
@@ -136,21 +161,23 @@ def _req():
                    language="English", speaker="ryan")
 
 
-@pytest.mark.parametrize("takes,chunk", [(1, 4), (1, 8), (2, 4)])
+@pytest.mark.parametrize("takes,chunk", [(1, 4), (1, 8), (2, 4), (3, 5), (1, 32)])
 def test_engine_stream_uses_codec_graphs_and_equals_generate(fp32, takes, chunk):
     g = fp32.codec_graphs
-    frames = 30
+    frames = 70  # the whole decode overlaps the frames in pieces of 32, 32 and then 4 + 2
     params = fp32.defaults.replace(max_new_tokens=frames)
-    whole = fp32.generate(_req(), takes=takes, seed=4, params=params)
+    whole = fp32.generate(_req(), takes=takes, seed=4, params=params)  # captures a new takes bucket first
     before = g.stats()
+    again = fp32.generate(_req(), takes=takes, seed=4, params=params)
     parts = list(fp32.stream(_req(), takes=takes, seed=4, params=params, chunk_frames=chunk))
     after = g.stats()
-    assert after["graphed_chunks"] - before["graphed_chunks"] == frames // chunk
-    assert after["eager_chunks"] - before["eager_chunks"] == (1 if frames % chunk else 0)
-    assert after["private_streams"] == before["private_streams"]
-    if takes == 1:  # pre-captured at load: streaming pays no capture
-        assert after["captures"] == before["captures"]
-    assert (takes, chunk) in g.graphs
+    assert torch.equal(again.audio, whole.audio)
+    one = fp32.codec.decode(torch.stack(whole.codes).cuda()).float().cpu()  # no EOS: every take is whole
+    _check(f"overlapped whole decode vs one pass, takes {takes}", whole.audio, one, "fp32")
+    sizes = _chunks(frames, chunk)
+    assert after["replays"] - before["replays"] == 2 + len(pieces(6)) + sum(len(pieces(n)) for n in sizes)
+    assert after["eager_pieces"] == before["eager_pieces"] and after["private_streams"] == before["private_streams"]
+    assert after["captures"] == before["captures"] and after["late_captures"] == 0  # all captured at load
     for i in range(takes):
         joined = joined_take(parts, i)
         assert joined.shape[0] == whole.lengths[i]
@@ -166,13 +193,18 @@ def test_engine_icl_stream_under_codec_graphs(tiny_checkpoints):
                   ref_text="Reference words.")
     req = Request(mode="clone", text="Streaming a cloned voice.", language="English", voice=voice)
     params = base.defaults.replace(max_new_tokens=12)
-    whole = base.generate(req, seed=1, params=params)
     before = base.codec_graphs.stats()
+    whole = base.generate(req, seed=1, params=params)  # decodes the 13-frame prefix once and keeps its state
     joined = joined_take(base.stream(req, seed=1, params=params, chunk_frames=4), 0)
+    again = joined_take(base.stream(req, seed=1, params=params, chunk_frames=4), 0)
     after = base.codec_graphs.stats()
-    assert after["graphed_chunks"] - before["graphed_chunks"] == 3
-    assert after["eager_chunks"] - before["eager_chunks"] == 1  # the 13-frame reference prefix
+    assert after["prefixes"] - before["prefixes"] == 1 and after["prefix_hits"] - before["prefix_hits"] == 2
+    assert after["replays"] - before["replays"] == len(pieces(13)) + len(pieces(12)) + 2 * 3
+    assert after["eager_pieces"] == before["eager_pieces"] and after["late_captures"] == 0
+    assert torch.equal(joined, again)
     _check("ICL stream vs generate", joined, whole.audio[0], "fp32")
+    one = base.codec.decode(torch.cat([voice.ref_codes[None], whole.codes[0][None]], 1).cuda()).float()
+    _check("ICL generate vs one pass over reference + codes", whole.audio[0][None].cuda(), one[:, 13 * 1920:], "fp32")
     base.release()
 
 
@@ -193,10 +225,10 @@ def test_capture_failure_falls_back_with_one_warning(fp32, monkeypatch, caplog):
     codes = _codes(1, 12, seed=6)
     monkeypatch.setattr(torch.cuda, "graph", broken_graph)
     with caplog.at_level("WARNING", logger="engine.gpu.codec_graph"):
-        joined = _stream(fp32.codec, codes, [4, 4, 4], graphs, 4)
+        joined = _stream(fp32.codec, codes, [4, 4, 4], graphs)
     monkeypatch.undo()
     assert len([r for r in caplog.records if "capture failed" in r.getMessage()]) == 1
-    assert graphs.failure and not graphs.graphs and graphs.eager_chunks == 3
+    assert graphs.failure and not graphs.graphs and graphs.eager_pieces == 3
     _check("eager after failed capture", joined, fp32.codec.decode(codes).float(), "fp32")
     graphs.release()
 

@@ -1,0 +1,72 @@
+"""Whole-utterance codec decode that runs while the frames are still being generated.
+
+A frame is a chain of ~800 small, latency-bound kernels that leaves most of the GPU idle, while the codec
+is a few large convolutions (~0.2 ms of GPU time per frame at one take). Decoding each finished run of
+32 frames on a side CUDA stream overlaps the two, so a request no longer waits for the whole codec after
+its last frame: only the last, shorter piece is left. The decode is the chunked stateful one (exact for
+any split, engine/codec/decoder.py) through the load-time piece graphs, so the audio is that of
+`CodecGraphs.decode_utterance` and of a stream of the same codes.
+"""
+from __future__ import annotations
+
+import torch
+
+from .codec_graph import PIECES, CodecGraphs, bucket_of
+
+
+class OverlappedDecode:
+    """Feed it the codes of each chunk as the decode loop yields them; `finish()` returns the audio."""
+
+    def __init__(self, graphs: CodecGraphs, batch: int, ref_codes: torch.Tensor | None):
+        self.graphs, self.batch = graphs, batch
+        self.state = graphs.acquire(batch, self)
+        self.main = torch.cuda.current_stream()
+        self.side = torch.cuda.Stream()
+        self.pending: list[torch.Tensor] = []
+        self.parts: list[torch.Tensor] = []
+        if self.state is None:  # a live stream holds this bucket's state: decode at the end instead
+            return
+        self.side.wait_stream(self.main)
+        with torch.cuda.stream(self.side):
+            if ref_codes is not None:
+                graphs.prime(self.state, ref_codes, batch)
+            else:
+                self.state.zero_()
+
+    @property
+    def active(self) -> bool:
+        return self.state is not None
+
+    def push(self, codes: torch.Tensor) -> None:
+        """codes [B, k, Q] (frames past a take's end already zeroed)."""
+        self.pending.append(codes)
+        ready = sum(c.shape[1] for c in self.pending)
+        if ready >= PIECES[0]:
+            self._flush(ready - ready % PIECES[0])
+
+    def _flush(self, frames: int) -> None:
+        codes = torch.cat(self.pending, 1) if len(self.pending) > 1 else self.pending[0]
+        now, rest = codes[:, :frames], codes[:, frames:]
+        self.pending = [rest] if rest.shape[1] else []
+        codes.record_stream(self.side)  # made on the main stream, read on the side one
+        self.side.wait_stream(self.main)
+        with torch.cuda.stream(self.side):
+            self.parts.append(self.graphs.decode(now.transpose(1, 2), self.state))
+
+    def finish(self) -> torch.Tensor:
+        """Audio [B, T * samples_per_frame] of every frame pushed, ready on the current stream."""
+        ready = sum(c.shape[1] for c in self.pending)
+        if ready:
+            self._flush(ready)
+        self.main.wait_stream(self.side)
+        for part in self.parts:
+            part.record_stream(self.main)  # made on the side stream, read (and freed) on the main one
+        self.release()
+        if not self.parts:
+            return torch.zeros(self.batch, 0, device=self.main.device)
+        return torch.cat(self.parts, 1) if len(self.parts) > 1 else self.parts[0]
+
+    def release(self) -> None:
+        """Hand the bucket's state back (also on an interrupted request)."""
+        if self.state is not None:
+            self.graphs.release_owner(bucket_of(self.batch), self)
