@@ -78,14 +78,11 @@ def test_bad_reference_audio(engines, wave, reason):
 
 
 def _wav(path, samples: np.ndarray, sr: int, float32: bool = False):
-    """A mono WAV file whose header says `sr` Hz, written by hand (wave refuses odd rates and float data)."""
-    import struct
+    """A mono WAV file whose header says `sr` Hz (wave refuses odd rates and float data)."""
+    from tests.test_audio import _write_raw_wav
 
     payload = samples.astype("<f4" if float32 else "<i2").tobytes()
-    tag, bits = (3, 32) if float32 else (1, 16)
-    fmt = struct.pack("<HHIIHH", tag, 1, sr, sr * bits // 8, bits // 8, bits)
-    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(payload)) + payload
-    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    _write_raw_wav(path, payload, 1, sr, 32 if float32 else 16, tag=3 if float32 else 1)
     return path
 
 
