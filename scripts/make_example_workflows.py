@@ -3,7 +3,7 @@
     python scripts/make_example_workflows.py OBJECT_INFO.json
 
 Widget order, control values and socket lists are taken from /object_info, so the files match the node
-schemas exactly. Thumbnails (.jpg) are drawn by `scripts/draw_thumbnails.py` or replaced by screenshots.
+schemas exactly. Thumbnails (.jpg) are screenshots from the newest frontend: `scripts/screenshot_workflows.py`.
 """
 from __future__ import annotations
 

@@ -87,11 +87,7 @@ if [ ! -f "$STAMP" ]; then
 fi
 "$PY" -c "import torch, torchvision, torchaudio; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'torchaudio', torchaudio.__version__)"
 
-# 4. The newest frontend and workflow templates from the package index, beside the bundled ones (browser matrix).
-bash "$PACK/scripts/setup_frontend_newest.sh" "$VENV" "$WORK" \
-  || echo "WARNING: the newest ComfyUI frontend could not be installed; its browser tests will fail under CI" >&2
-
-# 5. A base directory whose custom_nodes/ links to this checkout, then a headless smoke start.
+# 4. A base directory whose custom_nodes/ links to this checkout, then a headless smoke start.
 mkdir -p "$WORK/base/custom_nodes" "$WORK/base/models/qwen3_tts"
 ln -sfn "$PACK" "$WORK/base/custom_nodes/qwen3-tts-fast"
 PORT=${COMFY_SMOKE_PORT:-8199}

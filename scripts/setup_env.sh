@@ -2,7 +2,8 @@
 # Create (or reuse) the project virtual environment.
 #   scripts/setup_env.sh          runtime only: torch, numpy, safetensors, tokenizers
 #   scripts/setup_env.sh --full   everything the tests need: pytest, ruff, the official qwen-tts 0.1.1
-#                                 as a test-only parity oracle, and a headless ComfyUI 0.3.75
+#                                 as a test-only parity oracle, a headless ComfyUI 0.3.75 and the newest
+#                                 ComfyUI frontend beside its own (browser tests)
 # VENV (default .venv), PYTHON (default python3) and TORCH_SPEC (default torch==2.13.0) can be overridden.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,4 +31,7 @@ if [ ! -f "$stamp" ]; then
 fi
 if [ "$full" = 1 ]; then
   bash scripts/setup_comfyui.sh "$VENV" .cache/comfyui
+  # The newest frontend beside 0.3.75's own, for the browser test matrix (not needed by scripts/demo.sh).
+  bash scripts/setup_frontend_newest.sh "$VENV" .cache/comfyui \
+    || echo "WARNING: the newest ComfyUI frontend could not be installed; its browser tests fail under CI" >&2
 fi

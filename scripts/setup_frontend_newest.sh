@@ -5,7 +5,8 @@
 #
 # The newest `comfyui-frontend-package` and `comfyui-workflow-templates` (with the template bundles it pins)
 # go into WORK_DIR/frontend-newest as a pip --target folder; the venv keeps the versions 0.3.75 pins.
-# The browser tests start a second ComfyUI 0.3.75 on it (scripts/comfy_client.py, `frontend="newest"`):
+# scripts/setup_env.sh --full runs it; the browser tests start a second ComfyUI 0.3.75 on it
+# (scripts/comfy_client.py start_comfy(frontend=...)):
 #   --front-end-root WORK_DIR/frontend-newest/comfyui_frontend_package/static   (the frontend)
 #   PYTHONPATH=WORK_DIR/frontend-newest                                          (the templates the backend serves)
 # WORK_DIR/frontend-newest/VERSIONS names what was installed; a later run reinstalls only when the index
