@@ -57,6 +57,23 @@ def test_fp32_mixed_rows_equal_each_alone_under_graphs(eos_checkpoint, triton, g
     assert len(set(ends)) >= 3, ends
 
 
+def test_fp32_rows_in_other_attention_windows_than_alone(eos_checkpoint, monkeypatch):
+    """With 32-position windows the batch attends over the longest row's window while each row alone uses
+    its own: the extra positions are masked, so the codes must still be identical."""
+    from engine.gpu import frame_graph
+
+    monkeypatch.setattr(frame_graph, "WINDOW_STEP", 32)
+    e = _engine(eos_checkpoint, "off")
+    params = e.defaults.replace(max_new_tokens=120)
+    results = e.generate_batch(ITEMS, params=params, max_rows=4, chunk_frames=4)
+    for item, res in zip(ITEMS, results):
+        p = params if item.max_new_tokens is None else params.replace(max_new_tokens=item.max_new_tokens)
+        alone = e.generate(item.request, takes=item.takes, seed=item.seed, params=p)
+        for i in range(item.takes):
+            assert torch.equal(res.codes[i], alone.codes[i]), f"{item.request.text!r} take {i}"
+    assert len({k[1] for k in e.runner.graphs}) >= 2  # several windows were really used
+
+
 def test_graphs_are_reused_across_admissions(tiny_checkpoints):
     e = _engine(tiny_checkpoints["custom_voice"], "off")
     items = [BatchItem(_req(f"Line number {k}."), seed=k, max_new_tokens=20 + 7 * k) for k in range(10)]
