@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project virtual environment.
 #   scripts/setup_env.sh          runtime only: torch, numpy, safetensors, tokenizers
-#   scripts/setup_env.sh --full   everything the tests need: pytest, ruff, the official qwen-tts 0.1.1
-#                                 as a test-only parity oracle, a headless ComfyUI 0.3.75 and the newest
+#   scripts/setup_env.sh --full   everything the tests need: pytest, ruff, hypothesis, the official
+#                                 qwen-tts 0.1.1 as a test-only parity oracle, a headless ComfyUI 0.3.75 and the newest
 #                                 ComfyUI frontend beside its own (browser tests)
 # VENV (default .venv), PYTHON (default python3) and TORCH_SPEC (default torch==2.13.0) can be overridden.
 set -euo pipefail
@@ -21,7 +21,7 @@ if [ ! -f "$stamp" ]; then
   "$py" -c "import torch" 2>/dev/null || pip "${TORCH_SPEC:-torch==2.13.0}"
   pip -r requirements.txt
   if [ "$full" = 1 ]; then
-    pip pytest ruff
+    pip pytest ruff hypothesis
     pip --no-deps triton==3.9.0  # the kernel tests run it through its interpreter on CPU
     # The oracle: never let pip resolve qwen-tts' own requirements (gradio, torchaudio, a CUDA torch...).
     pip --no-deps qwen-tts==0.1.1

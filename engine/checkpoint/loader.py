@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig, read_generation_config
+from ..errors import CheckpointError
 from .codec_source import resolve_codec
 from .reader import check_layout, load_state_dict_into
 
@@ -24,7 +25,9 @@ def materialize(build, device: torch.device, dtype: torch.dtype, weights: Path, 
         if callable(reset):
             reset(device)
     left = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
-    assert not left, f"tensors left unmaterialised after loading: {left[:5]}"
+    if left:  # load_state_dict_into reports missing tensors; this guards what it cannot see
+        raise CheckpointError(f"{weights} left tensors unloaded ({', '.join(left[:5])}); the checkpoint is incomplete "
+                              "or of another layout: re-download it.")
     return module.eval().requires_grad_(False)
 
 

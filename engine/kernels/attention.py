@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from ._util import next_pow2
+from ._util import next_pow2, require
 
 triton = tl = None  # bound on first use by _kernel()
 
@@ -86,7 +86,7 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16):
     g = nh // nkv
     window = bias.shape[-1]
     q = q if q.stride(-1) == 1 and q.stride(1) == d else q.contiguous()
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and bias.is_contiguous()
+    require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and bias.is_contiguous(), "contiguous caches and bias")
     per_row = bias.dim() > 1 and bias.shape[0] == b > 1
     out = torch.empty(b, nkv, g, d, dtype=q.dtype, device=q.device)
     _kernel()[(b, nkv)](q, k_cache, v_cache, bias, out, q.stride(0), *k_cache.stride()[:3],

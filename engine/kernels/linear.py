@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import interpreting
-from ._util import next_pow2
+from ._util import next_pow2, require
 
 triton = tl = _round = _rms_apply = _mma = None  # bound on first use by _kernel()
 
@@ -246,8 +246,9 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
                          residual=residual)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    assert weight.stride(-1) == 1, "weight rows must be contiguous"
-    assert x2.shape[1] == (2 * k if code == 2 else k), (x.shape, weight.shape, prologue)
+    require(weight.stride(-1) == 1, "weight rows must be contiguous")
+    require(x2.shape[1] == (2 * k if code == 2 else k),
+            f"input {tuple(x.shape)} for weight {tuple(weight.shape)}, {prologue}")
     p = plan(m, n, k, config, target, _sm_count(x.device))
     if code == 2 and p["USE_DOT"] and k > SWIGLU_IN_DOT_MAX_K:
         # Measured (bench/results/linear_sweep_bf16_rows8.json): on the tensor-core path a long SwiGLU
@@ -259,7 +260,7 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     split = p["splits"] > 1
     part = torch.empty(p["splits"], m, n, dtype=torch.float32, device=x.device) if split else y
     counters = _counters(x.device)
-    assert p["n_blocks"] <= counters.numel()
+    require(p["n_blocks"] <= counters.numel(), "split-k counters for every block")
     _kernel()[(p["n_blocks"], p["splits"])](
         x2, x2.stride(0), weight, weight.stride(0), y, y.stride(0), res, res.stride(0),
         norm_weight if norm_weight is not None else y, bias if bias is not None else y, part, counters,

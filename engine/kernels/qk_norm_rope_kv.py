@@ -17,6 +17,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ._util import require
+
 triton = tl = None  # bound on first use by _kernel()
 
 
@@ -89,12 +91,13 @@ def qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache,
     b = qkv.shape[0]
     d = k_cache.shape[-1]
     qkv2 = qkv.reshape(b, -1)
-    assert qkv2.stride(-1) == 1 and qkv2.shape[1] >= (nh + 2 * nkv) * d
-    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and qk_norm_weight.is_contiguous()
+    require(qkv2.stride(-1) == 1 and qkv2.shape[1] >= (nh + 2 * nkv) * d, "contiguous qkv rows of all heads")
+    require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and qk_norm_weight.is_contiguous(),
+            "contiguous caches and norm weight")
     cos = cos.reshape(-1, d).contiguous()
     sin_signed = sin_signed.reshape(-1, d).contiguous()
     per_row = b > 1 and pos.numel() == b
-    assert cos.shape[0] == (b if per_row else 1) == sin_signed.shape[0]
+    require(cos.shape[0] == (b if per_row else 1) == sin_signed.shape[0], "one RoPE row per batch row, or one for all")
     q = torch.empty(b, nh, d, dtype=qkv.dtype, device=qkv.device)
     _kernel()[(b, nh + 2 * nkv)](
         qkv2, qk_norm_weight, cos, sin_signed, q, k_cache, v_cache, pos,

@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from ._util import next_pow2
+from ._util import next_pow2, require
 
 triton = tl = libdevice = _exp = _log = _mix32 = _order_key = None  # bound on first use by _kernel()
 
@@ -178,17 +178,17 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     min_new long;
     update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool)."""
     b, vocab = logits.shape
-    assert logits.stride(-1) == 1
+    require(logits.stride(-1) == 1, "contiguous logits rows")
     ids = torch.empty(b, dtype=torch.long, device=logits.device)
     dummy = logits
     has_u = u is not None
     if has_u:
-        assert u.dtype == torch.float32 and u.stride(-1) == 1 and u.shape[-1] >= vocab
+        require(u.dtype == torch.float32 and u.stride(-1) == 1 and u.shape[-1] >= vocab, "float32 uniforms [B, >= V]")
     else:
-        assert keys is not None and step is not None, "give u, or keys + step (+ slot)"
+        require(keys is not None and step is not None, "give u, or keys + step (+ slot)")
     pen = penalty is not None
     if update:
-        assert pen and finished is not None, "update needs the codebook-0 tensors (seen, eos_mask, finished)"
+        require(pen and finished is not None, "update needs the codebook-0 tensors (seen, eos_mask, finished)")
 
     def u8(x):
         return x.view(torch.uint8) if x is not None and x.dtype == torch.bool else x

@@ -21,6 +21,12 @@ LINEAR_TOL = {**TOL, torch.float32: (5e-5, 5e-5)}
 ATTN_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3.2e-2, 3.2e-2)}
 
 
+def _verdict(ok, what: str) -> None:
+    """A failed check (AssertionError, as assert_close raises), kept under `python -O` unlike assert."""
+    if not ok:
+        raise AssertionError(what)
+
+
 def _close(got, want, tol, what):
     atol, rtol = tol
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
@@ -98,7 +104,7 @@ def check_qk_norm_rope_kv(device, dtype, b, nh=16, nkv=8, d=128, seq=32, pos=7, 
     what = f"qk_norm_rope_kv {dtype} B={b}{' per-row positions' if per_row else ''}"
     _close(got, want, ROPE_TOL[dtype], what + " q")
     _close(mine[0], caches[0], ROPE_TOL[dtype], what + " k_cache")
-    assert torch.equal(mine[1], caches[1]), what + " v_cache differs"
+    _verdict(torch.equal(mine[1], caches[1]), what + " v_cache differs")
 
 
 def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, filled=9, seed=0, block_n=16,
@@ -167,8 +173,8 @@ def check_sample_exact(device, b, vocab, seed=0, rng="u", max_flips=0, **case):
     bad = got != want
     if bad.any():
         margin = race_margin(logits, settings, u, got, want)[bad]
-        assert int(bad.sum()) <= max_flips and bool((margin < 1e-5).all()), (
-            f"sample V={vocab} {case}: {int(bad.sum())} of {b} rows differ (race margins {margin.tolist()})")
+        _verdict(int(bad.sum()) <= max_flips and bool((margin < 1e-5).all()),
+                 f"sample V={vocab} {case}: {int(bad.sum())} of {b} rows differ (race margins {margin.tolist()})")
 
 
 def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min_new=2, per_row=False):
@@ -197,8 +203,9 @@ def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min
     want = k.reference(logits, *settings, seen=ref_seen, finished=ref_fin, **common)
     my_seen, my_fin = seen.clone(), torch.zeros(b, dtype=torch.bool, device=device)
     got = k.sample(logits, *settings, seen=my_seen, finished=my_fin, **common)
-    assert torch.equal(got, want), f"penalised sample differs: {got.tolist()} vs {want.tolist()}"
-    assert torch.equal(my_seen, ref_seen) and torch.equal(my_fin, ref_fin)
+    _verdict(torch.equal(got, want), f"penalised sample differs: {got.tolist()} vs {want.tolist()}")
+    _verdict(torch.equal(my_seen, ref_seen) and torch.equal(my_fin, ref_fin),
+             "penalised sample: seen or finished differ")
 
 
 def check_sample_distribution(device, draws, vocab=2048, seed=0, top_k=6, top_p=0.9, temperature=0.8):
@@ -218,7 +225,7 @@ def check_sample_distribution(device, draws, vocab=2048, seed=0, top_k=6, top_p=
     # expected: the reference filter (HF semantics) then softmax
     probs = torch.softmax(sampling.filter_top_k_top_p(row / temperature, top_k, top_p), -1)[0].double()
     support = torch.nonzero(probs > 0)[:, 0]
-    assert bool(torch.isin(got, support).all()), "drew an id outside the kept set"
+    _verdict(bool(torch.isin(got, support).all()), "drew an id outside the kept set")
     counts = torch.bincount(got, minlength=vocab).double()[support]
     expected = probs[support] * draws
     chi2 = float(((counts - expected) ** 2 / expected).sum())
@@ -226,7 +233,8 @@ def check_sample_distribution(device, draws, vocab=2048, seed=0, top_k=6, top_p=
     # Wilson-Hilferty 0.999 quantile of chi-square(dof)
     z = 3.090
     limit = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 < limit, f"chi-square {chi2:.1f} >= {limit:.1f} (dof {dof}): {counts.tolist()} vs {expected.tolist()}"
+    _verdict(chi2 < limit,
+             f"chi-square {chi2:.1f} >= {limit:.1f} (dof {dof}): {counts.tolist()} vs {expected.tolist()}")
     return chi2, dof
 
 
