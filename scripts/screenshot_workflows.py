@@ -77,7 +77,9 @@ async def shoot(stack: dict, renderer: str, out_thumbs: Path, out_images: Path) 
     # The renderer; no minimap over the graph; no first-run template browser or coachmarks over it either.
     for key, value in (("Comfy.VueNodes.Enabled", renderer == "vue"), ("Comfy.Minimap.Visible", False),
                        ("Comfy.TutorialCompleted", True), ("Comfy.OnboardingCoachmarks.Seen", True)):
-        assert comfy.post(f"/api/settings/{key}", value)[0] == 200
+        status = comfy.post(f"/api/settings/{key}", value)[0]
+        if status != 200:
+            raise RuntimeError(f"setting {key} failed with HTTP {status}")
     written = []
     tab = new_tab(stack["cdp_port"])
     try:
@@ -101,7 +103,8 @@ async def shoot(stack: dict, renderer: str, out_thumbs: Path, out_images: Path) 
                 before = set(comfy.get("/history"))
                 await page.eval("window.app.queuePrompt(0, 1)")
                 entry = await asyncio.to_thread(_finished, comfy, before)
-                assert entry["status"]["status_str"] == "success", (name, entry["status"])
+                if entry["status"]["status_str"] != "success":
+                    raise RuntimeError(f"{name} did not run: {entry['status']}")
                 await asyncio.sleep(1.5)  # the frontend renders the results
                 for image, (workflow, node_type) in README_CROPS.items():
                     if workflow == name:

@@ -219,7 +219,7 @@ class CodecGraphs:
             state.zero_()
             self.decode(codes.expand(batch, -1, -1).to(self._device()), state)
             return
-        key = (bucket, tuple(ref_codes.shape), hashlib.sha1(ref_codes.cpu().numpy().tobytes()).hexdigest())
+        key = (bucket, tuple(ref_codes.shape), hashlib.sha1(ref_codes.cpu().numpy().tobytes(), usedforsecurity=False).hexdigest())
         saved = self.prefixes.get(key)
         if saved is not None:
             state.restore(saved)
