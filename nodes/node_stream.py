@@ -43,8 +43,9 @@ class StreamChunks(io.ComfyNode):
             hidden=[io.Hidden.unique_id],
             inputs=[common.model_input(), common.text_input(),
                     io.Int.Input("chunk_size", default=8, min=1, max=64,
-                                 tooltip="Codec frames per chunk (12.5 frames = 1 s). Smaller: earlier first "
-                                         "audio, more overhead."),
+                                 tooltip="Codec frames per chunk (12.5 frames = 1 s). Smaller: less delay "
+                                         "between chunks, more overhead. The first chunk is always at most 2 "
+                                         "frames, for the earliest first audio (the audio is the same)."),
                     common.language_input(), common.seed_input(),
                     io.Combo.Input("speaker", options=common.speaker_options(), default="Vivian", optional=True,
                                    tooltip="CustomVoice checkpoints: a preset speaker, or one of a fine-tuned "

@@ -58,6 +58,9 @@ def _voice_overhead(voice) -> int:
     return int(voice.ref_codes.shape[0]) + len(voice.ref_text or "")
 
 
+FIRST_CHUNK_FRAMES = 2
+
+
 class Job:
     """Everything a generator node asked for, resolved against the engine."""
 
@@ -141,14 +144,16 @@ class Job:
                   "elapsed_s": elapsed, "audio_s": sent / sr, "ttfa_s": ttfa})
 
         send({"phase": "start", "sample_rate": sr, "segments": len(self.segments), "chunk_frames": chunk_frames})
+        # The first chunk is 2 frames whatever the chunk size: the earliest first audio, the same samples.
+        first_chunk = FIRST_CHUNK_FRAMES if isinstance(chunk_frames, int) and chunk_frames > FIRST_CHUNK_FRAMES else 0
         for k in range(len(self.segments)):
             def run(k=k):
                 # closing(): an interrupt raised here must end the generator (and free the engine) now, not
                 # when the traceback that still references it is collected.
                 with contextlib.closing(self.engine.stream(
                         self.request(k), takes=1, seed=self.seed_for(k), params=self.params,
-                        chunk_frames=chunk_frames, on_progress=self.progress.on_progress,
-                        should_stop=mm.processing_interrupted)) as chunks:
+                        chunk_frames=chunk_frames, first_chunk_frames=first_chunk,
+                        on_progress=self.progress.on_progress, should_stop=mm.processing_interrupted)) as chunks:
                     for chunk in chunks:
                         emit(joiner.push(chunk.audio[0, : chunk.valid[0]]))
                         mm.throw_exception_if_processing_interrupted()
