@@ -81,6 +81,9 @@ def load_wav(path) -> tuple[np.ndarray, int]:
     if channels < 1 or sr < 1:
         raise InvalidInputError(f"{path} declares {channels} channels at {sr} Hz; the file is damaged.")
     width = block_align // channels if block_align else (bits + 7) // 8
+    if width < 1:
+        raise InvalidInputError(f"{path} declares {bits}-bit samples in {block_align}-byte frames of {channels} "
+                                "channels; the header is damaged. Re-export the file (e.g. as 16-bit PCM WAV).")
     n = len(body) // (width * channels)
     raw = body[: n * width * channels]
     if tag == _FMT_PCM and width == 1:

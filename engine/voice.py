@@ -17,6 +17,8 @@ from .errors import VoiceError
 FORMAT = "qwen3tts-fast-voice"
 VERSION = "1"
 CODE_GROUPS = 16  # codebooks per codec frame
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # float8 cannot even be checked
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 @dataclass
@@ -39,7 +41,7 @@ class Voice:
         """Raise VoiceError unless the tensors are what a voice holds: a finite float embedding [width] and,
         for ICL, integer codes [frames, 16] together with their transcript."""
         emb = self.spk_embedding
-        if not isinstance(emb, torch.Tensor) or emb.dim() != 1 or emb.numel() == 0 or not emb.is_floating_point():
+        if not isinstance(emb, torch.Tensor) or emb.dim() != 1 or emb.numel() == 0 or emb.dtype not in FLOAT_DTYPES:
             what = f"{emb.dtype} {tuple(emb.shape)}" if isinstance(emb, torch.Tensor) else type(emb).__name__
             raise VoiceError(f"{name}: the speaker embedding must be a float vector [width], not {what}; "
                              "the file is damaged or not a voice, extract the voice again.")
@@ -51,7 +53,7 @@ class Voice:
         if codes is None:
             return
         if (not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.shape[1] != CODE_GROUPS
-                or codes.shape[0] == 0 or codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool):
+                or codes.shape[0] == 0 or codes.dtype not in INT_DTYPES):
             what = f"{codes.dtype} {tuple(codes.shape)}" if isinstance(codes, torch.Tensor) else type(codes).__name__
             raise VoiceError(f"{name}: reference codes must be integers [frames, {CODE_GROUPS}], not {what}; "
                              "extract the voice again.")

@@ -14,10 +14,12 @@ FRAMES_PER_UNIT = 1.2  # generous upper bound of codec frames (12.5/s) per unit 
 DEFAULT_MAX_UNITS = 400  # about 30 s of English speech per segment
 PROMPT_OVERHEAD = 64  # prompt positions besides the text: chat template and control tokens
 
+# A sentence ends at end punctuation plus any closing quotes or brackets (which stay with it). Only the
+# whitespace after it is dropped: Latin needs some, CJK none; line breaks separate sentences too.
 _SENTENCE_END = re.compile(
-    r"(?<=[.!?…])[\"'”’)\]]*\s+"  # Latin end punctuation (optionally closing quotes) + whitespace
-    r"|(?<=[。！？；])[\"'”’」』)\]]*"  # CJK end punctuation needs no space
-    r"|\n\s*\n?"  # line breaks separate sentences too
+    r"[.!?…][\"'”’)\]]*(?P<gap>\s+)"
+    r"|[。！？；][\"'”’」』)\]]*(?P<cjk>)"
+    r"|(?P<lines>\n\s*\n?)"
 )
 _CLAUSE_END = re.compile(r"(?<=[,;:，、；：—])\s*")
 
@@ -46,6 +48,16 @@ def segment_budget(max_units: int, max_seq_len: int, prompt_overhead: int = PROM
 
 def _pieces(text: str, pattern: re.Pattern) -> list[str]:
     return [p.strip() for p in pattern.split(text) if p and p.strip()]
+
+
+def _sentences(text: str) -> list[str]:
+    pieces, start = [], 0
+    for m in _SENTENCE_END.finditer(text):
+        cut = m.start("gap") if m.group("gap") is not None else m.end() if m.group("cjk") is not None else m.start()
+        pieces.append(text[start:cut])
+        start = m.end()
+    pieces.append(text[start:])
+    return [p.strip() for p in pieces if p.strip()]
 
 
 def _hard_cut(piece: str, max_units: int) -> list[str]:
@@ -103,7 +115,7 @@ def split_text(text: str, max_units: int = DEFAULT_MAX_UNITS) -> list[str]:
     if text_units(text) <= max_units:
         return [text]
     parts: list[str] = []
-    for sentence in _pieces(text, _SENTENCE_END):
+    for sentence in _sentences(text):
         if text_units(sentence) <= max_units:
             parts.append(sentence)
             continue
