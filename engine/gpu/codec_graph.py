@@ -219,7 +219,8 @@ class CodecGraphs:
             state.zero_()
             self.decode(codes.expand(batch, -1, -1).to(self._device()), state)
             return
-        key = (bucket, tuple(ref_codes.shape), hashlib.sha1(ref_codes.cpu().numpy().tobytes(), usedforsecurity=False).hexdigest())
+        digest = hashlib.sha1(ref_codes.cpu().numpy().tobytes(), usedforsecurity=False).hexdigest()  # a cache key
+        key = (bucket, tuple(ref_codes.shape), digest)
         saved = self.prefixes.get(key)
         if saved is not None:
             state.restore(saved)

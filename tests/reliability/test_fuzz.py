@@ -227,7 +227,7 @@ def voice_files(draw, good: bytes):
         elif what == "meta":
             key = draw(st.sampled_from(["format", "model_size", "family", "width", "ref_text", "version"]))
             value = draw(st.sampled_from([None, "", "abc", "-1", "{", "5", '["a"]', "null", '"x"', "1b7"]))
-            meta.pop(key) if value is None else meta.__setitem__(key, value)
+            meta.pop(key, None) if value is None else meta.__setitem__(key, value)
         tensors[name] = (dtype, shape, values)
     header, blobs, offset = {}, [], 0
     for name, (dtype, shape, values) in tensors.items():
