@@ -9,6 +9,19 @@ import pytest
 _FIGURES: list[tuple[str, dict]] = []
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny checkpoints are overhead-bound: one intra-op thread is as fast and keeps these long runs from
+    oversubscribing a busy 2-core CI machine (measured: the interrupt test took 13 s CPU with one thread,
+    193 s with two on a loaded machine)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.fixture
 def figure(request):
     """figure(**values): record (and print) this test's measured figures."""
