@@ -6,6 +6,7 @@ import importlib
 
 _EXPORTS = {
     "Engine": "engine", "EngineInfo": "engine", "Result": "engine", "AudioChunk": "engine", "BatchItem": "engine",
+    "RowChunk": "engine",
     "Request": "prompt", "SamplingParams": "sampling", "check_take_range": "sampling", "Voice": "voice",
     "blend_voices": "voice_blend", "errors": None,
 }

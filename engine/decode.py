@@ -52,6 +52,7 @@ class FrameChunk:
     start: int  # index of the chunk's first frame (frames since the run started)
     done: bool  # no further chunk follows
     rows: tuple = ()  # the row each slot held during this chunk (-1: none)
+    ended: tuple = ()  # rows whose last frames are in this chunk (their slots are free afterwards)
 
 
 def prefill_into(talker, prompt: Prompt, cache, slots) -> torch.Tensor:
@@ -171,9 +172,11 @@ class EagerFrames:
         return frame, valid
 
 
-def _admit(runner, host: SlotTable, rows: list, queue: deque, device) -> None:
-    """Fill free slots from the queue; consecutive rows of one prompt (takes) share one prefill."""
+def _admit(runner, host: SlotTable, rows: list, queue: deque, device, limit: int = 0) -> None:
+    """Fill free slots (at most `limit`, 0 = all) from the queue; consecutive rows of one prompt (takes)
+    share one prefill."""
     free = [s for s, r in enumerate(host.row) if r < 0]
+    free = free[:limit] if limit > 0 else free
     while free and queue:
         first = queue[0]
         group = []
@@ -200,11 +203,14 @@ def decode_rows(
     on_frames: Callable[[int, int], None] | None = None,
     timings: dict | None = None,
     first_chunk_frames: int = 0,
+    lead_rows: int = 0,
 ) -> Iterator[FrameChunk]:
     """The one decode loop. Rows (admitted in `order`, default their order) run in `slots` batch slots;
     yields chunks of `chunk_frames` frames (0 = one chunk per admission wave: until every held row is
     done; the first chunk has `first_chunk_frames` when that is set, for earlier first audio) until every
-    row has finished. `on_frames(done, total)` counts frames over all rows (total is
+    row has finished. `lead_rows` (0 = as many as fit) admits only that many rows before the first chunk,
+    the rest at its end: with a short first chunk, the first row's first audio waits for one prefill, not
+    for every slot's. `on_frames(done, total)` counts frames over all rows (total is
     an estimate until the rows end); `timings`, if given, receives the first prefill's seconds and the
     slot occupancy."""
     params.validate()
@@ -216,7 +222,7 @@ def decode_rows(
     t0 = time.perf_counter()
     runner.open(slots=slots, params=params, eos_id=eos_id,
                 max_len=max(r.prompt.prefill.shape[1] + r.max_frames for r in rows))
-    _admit(runner, host, rows, queue, device)
+    _admit(runner, host, rows, queue, device, lead_rows)
     if timings is not None:
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -238,12 +244,14 @@ def decode_rows(
         steps += n
         held = tuple(host.row)
         finished = runner.finished.tolist()  # the one host sync per chunk
+        now_ended = []
         for s, r in enumerate(held):
             if r >= 0 and (finished[s] or host.frames[s] >= host.limit[s]):
                 ended[r] = min(host.frames[s], host.limit[s])
                 host.row[s] = -1
+                now_ended.append(r)
         done = not queue and all(r < 0 for r in host.row)
-        chunk = FrameChunk(torch.stack(frames, 1), torch.stack(valids, 1), start, done, held)
+        chunk = FrameChunk(torch.stack(frames, 1), torch.stack(valids, 1), start, done, held, tuple(now_ended))
         start += n
         if on_frames is not None:
             running = {r: min(host.frames[s], host.limit[s]) for s, r in enumerate(host.row) if r >= 0}

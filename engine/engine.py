@@ -87,6 +87,19 @@ class AudioChunk:
     final: bool
 
 
+@dataclass
+class RowChunk:
+    """New audio of one take of one item of Engine.stream_batch."""
+
+    item: int  # index into the items
+    take: int  # 0 .. item.takes - 1 (stream take_offset + take)
+    audio: torch.Tensor  # [k * 1920] float32 CPU: the take's next k frames of audio (k may be 0 at its end)
+    codes: torch.Tensor  # [k, 16] those frames, CPU
+    index: int  # 0, 1, 2, ... for this take
+    final: bool  # the take's last chunk
+    elapsed_s: float
+
+
 def _resolve_device(device: str) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -331,6 +344,23 @@ class Engine:
         return Result(audio=audio, lengths=samples,
                       codes=[codes[i, :n].cpu() for i, n in enumerate(lengths)], stats=stats)
 
+    def _batch_rows(self, items: list, params, caller: str):
+        """Every take of every BatchItem as a decode Row (take i of item k draws from stream (seed,
+        take_offset + i) with the item's own budget): (rows, each item's prompt, each item's row indices)."""
+        for item in items:
+            if not checks.same_kind(item, BatchItem):
+                raise InvalidInputError(f"{caller} takes a list of BatchItem (got {type(item).__name__}).")
+        rows, prompts, item_rows = [], [], []
+        for item in items:
+            prompt, _, max_frames = self._prepare(item.request, item.takes, params, item.take_offset,
+                                                  item.max_new_tokens, seed=item.seed)
+            prompts.append(prompt)
+            guess = min(max_frames, expected_frames(item.request.text))
+            keys = sampling.take_keys(item.seed, range(item.take_offset, item.take_offset + item.takes), "cpu")
+            item_rows.append(list(range(len(rows), len(rows) + item.takes)))
+            rows += [Row(prompt, key, max_frames, guess) for key in keys.tolist()]
+        return rows, prompts, item_rows
+
     @serialised()
     @torch.inference_mode()
     def generate_batch(self, items: list, params: SamplingParams | None = None,
@@ -351,20 +381,7 @@ class Engine:
             return []
         max_rows = self.max_takes if max_rows is None else checks.whole_number("max_rows", max_rows, 1, self.max_takes)
         checks.whole_number("chunk_frames", chunk_frames, 1, MAX_NEW_TOKENS, "4 frames is typical.")
-        for item in items:
-            if not checks.same_kind(item, BatchItem):
-                raise InvalidInputError(f"generate_batch takes a list of BatchItem (got {type(item).__name__}).")
-        rows, owner, prompts, item_rows = [], [], [], []
-        for k, item in enumerate(items):
-            prompt, _, max_frames = self._prepare(item.request, item.takes, params, item.take_offset,
-                                                  item.max_new_tokens, seed=item.seed)
-            prompts.append(prompt)
-            guess = min(max_frames, expected_frames(item.request.text))
-            keys = sampling.take_keys(item.seed, range(item.take_offset, item.take_offset + item.takes), "cpu")
-            item_rows.append(list(range(len(rows), len(rows) + item.takes)))
-            for i, key in enumerate(keys.tolist()):
-                rows.append(Row(prompt, key, max_frames, guess))
-                owner.append((k, i))
+        rows, prompts, item_rows = self._batch_rows(items, params, "generate_batch")
         # Longest first, so the short rows fill the tail; an item's takes stay together (one prefill).
         order = [r for k in sorted(range(len(items)), key=lambda k: -rows[item_rows[k][0]].expected)
                  for r in item_rows[k]]
@@ -451,6 +468,61 @@ class Engine:
             wav = (wav * mask).cpu()
             yield AudioChunk(audio=wav, valid=[int(v) for v in valid], codes=chunk.codes.cpu(), index=i,
                              elapsed_s=time.perf_counter() - t0, final=chunk.done)
+
+    @serialised_stream
+    @torch.inference_mode()
+    def stream_batch(self, items: list, params: SamplingParams | None = None, chunk_frames: int = 8,
+                     first_chunk_frames: int = 0, max_rows: int | None = None, on_progress=None,
+                     should_stop=None) -> Iterator[RowChunk]:
+        """Stream many requests at once: every take of every BatchItem is a row of one decode loop (as in
+        generate_batch), and each row's audio is yielded as a RowChunk tagged (item, take) as soon as its
+        chunk is decoded. Each take's chunks, concatenated, equal that take of generate_batch / generate alone.
+
+        Rows enter in item order (item 0 first) and up to `max_rows` (default max_takes) decode at once; a
+        finished row frees its slot for the next at a chunk boundary. With `first_chunk_frames` set, the
+        first chunk is that short and only item 0's takes are prefilled before it (the others join after
+        it), so item 0's first audio comes as early as from stream(). Each row's codec state is its own
+        (codec/row_streams.py). Closing the generator early frees the engine and every row's state."""
+        items = list(items)
+        if not items:
+            return
+        max_rows = self.max_takes if max_rows is None else checks.whole_number("max_rows", max_rows, 1, self.max_takes)
+        checks.whole_number("chunk_frames", chunk_frames, 1, MAX_NEW_TOKENS, "8 frames (0.64 s) is typical.")
+        checks.whole_number("first_chunk_frames", first_chunk_frames, 0, chunk_frames,
+                            "0 makes the first chunk as long as the others; 2 gives the earliest first audio.")
+        t0 = time.perf_counter()
+        rows, _, item_rows = self._batch_rows(items, params, "stream_batch")
+        tag = [(k, i) for k, mine in enumerate(item_rows) for i in range(len(mine))]
+        slots = min(max_rows, len(rows))
+        lead = min(len(item_rows[0]), slots) if first_chunk_frames > 0 else 0
+        from .codec.row_streams import RowStreams
+
+        streams = RowStreams(self.codec.decoder, self.codec_graphs)
+        chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
+                             eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames,
+                             should_stop=should_stop, on_frames=on_progress, first_chunk_frames=first_chunk_frames,
+                             lead_rows=lead)
+        count = [0] * len(rows)
+        try:
+            for chunk in chunks:
+                real = chunk.valid.sum(1).tolist()  # a row's real frames are a prefix of its chunk
+                for slot, r in enumerate(chunk.rows):
+                    if r < 0:
+                        continue
+                    if count[r] == 0:
+                        streams.open(r, rows[r].prompt.ref_codes)
+                    codes = chunk.codes[slot, : real[slot]]
+                    wav = streams.push(r, codes).float().cpu() if real[slot] else torch.zeros(0)
+                    final = r in chunk.ended
+                    if final:
+                        streams.close(r)
+                    k, i = tag[r]
+                    yield RowChunk(item=k, take=i, audio=wav, codes=codes.cpu(), index=count[r], final=final,
+                                   elapsed_s=time.perf_counter() - t0)
+                    count[r] += 1
+        finally:
+            chunks.close()  # the loop first, then the codec states it fed
+            streams.release()
 
     def _overlapped_decode(self, takes: int, ref_codes):
         """The codec decode that runs on a side stream while frames are generated (engine/gpu/codec_overlap.py),
