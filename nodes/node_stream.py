@@ -38,7 +38,9 @@ class StreamChunks(io.ComfyNode):
             node_id=PREFIX + "StreamChunks", display_name="Qwen3-TTS Stream", category=CATEGORY,
             description="Generates one take with streaming and sends each chunk to the browser as soon as it is "
                         "decoded; the node's player plays the chunks gap-free and shows time to first audio and "
-                        "real-time factor. Works with all three checkpoint types (CustomVoice uses speaker and "
+                        "real-time factor. Long text is split into pieces that are generated together as rows "
+                        "of one batch; the player gets piece 1 as it is made and each later piece in turn. "
+                        "Works with all three checkpoint types (CustomVoice uses speaker and "
                         "instruct, VoiceDesign uses instruct, Base uses voice). Outputs the full AUDIO at the end.",
             hidden=[io.Hidden.unique_id],
             inputs=[common.model_input(), common.text_input(),

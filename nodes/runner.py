@@ -1,8 +1,8 @@
 """Run a request through the engine from a node: segments, progress, interrupt, errors -> AUDIO.
 
 Engine-facing only through docs/ENGINE_API.md: Request, BatchItem, SamplingParams.replace, generate_batch,
-stream. Long text is split into segments that decode as rows of one batch (generate_batch), each row
-equal to that segment generated alone, and are joined in order.
+stream_batch. Long text is split into segments that decode as rows of one batch (generate_batch, or
+stream_batch when streaming), each row equal to that segment generated alone, and are joined in order.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import comfy.utils
 from . import engine_cache
 from .common import MAX_SEGMENT_CHARS, MIN_SEGMENT_CHARS, SEED_MAX
 from .audio_utils import StreamJoiner, join_segments, make_audio
-from .progress import SegmentProgress
 from .sampling import sampling_changes
 from .text_split import DEFAULT_MAX_UNITS, PROMPT_OVERHEAD, segment_budget, split_text
 
@@ -88,7 +87,6 @@ class Job:
         self.mode, self.language, self.speaker, self.instruct, self.voice = mode, language, speaker, instruct, voice
         self.seed, self.takes, self.first_take = seed, takes, first_take
         self.pbar = comfy.utils.ProgressBar(1)
-        self.progress = SegmentProgress(len(self.segments), self._report)
 
     def _report(self, value: int, maximum: int) -> None:
         self.pbar.update_absolute(value, maximum)
@@ -126,9 +124,14 @@ class Job:
         return make_audio(wav, lengths, self.engine.sample_rate, self.origin())
 
     def stream(self, chunk_frames: int, send: Callable[[dict], None]) -> dict:
-        """Stream one take; `send` gets every piece as soon as it is ready. Returns the full AUDIO."""
+        """Stream one take of every segment; `send` gets the audio in order as soon as it can be played.
+        The segments decode as rows of one stream_batch (take 0 of segment k draws from stream
+        (seed_for(k), first_take), as generated alone): segment 1's chunks are sent as they come, a later
+        segment's are held until every earlier one has ended. Returns the full AUDIO (segments joined)."""
+        BatchItem = _batch_item()
+        n = len(self.segments)
         sr = self.engine.sample_rate
-        joiner = StreamJoiner(len(self.segments), sr)
+        joiner = StreamJoiner(n, sr)
         pieces, sent, t0 = [], 0, time.perf_counter()
         ttfa = None
 
@@ -143,23 +146,36 @@ class Job:
             send({"phase": "chunk", "seq": len(pieces) - 1, "samples": int(x.numel()), "pcm": x,
                   "elapsed_s": elapsed, "audio_s": sent / sr, "ttfa_s": ttfa})
 
-        send({"phase": "start", "sample_rate": sr, "segments": len(self.segments), "chunk_frames": chunk_frames})
+        send({"phase": "start", "sample_rate": sr, "segments": n, "chunk_frames": chunk_frames})
         # The first chunk is 2 frames whatever the chunk size: the earliest first audio, the same samples.
         first_chunk = FIRST_CHUNK_FRAMES if isinstance(chunk_frames, int) and chunk_frames > FIRST_CHUNK_FRAMES else 0
-        for k in range(len(self.segments)):
-            def run(k=k):
-                # closing(): an interrupt raised here must end the generator (and free the engine) now, not
-                # when the traceback that still references it is collected.
-                with contextlib.closing(self.engine.stream(
-                        self.request(k), takes=1, seed=self.seed_for(k), params=self.params,
-                        chunk_frames=chunk_frames, first_chunk_frames=first_chunk,
-                        on_progress=self.progress.on_progress, should_stop=mm.processing_interrupted)) as chunks:
-                    for chunk in chunks:
-                        emit(joiner.push(chunk.audio[0, : chunk.valid[0]]))
-                        mm.throw_exception_if_processing_interrupted()
-            self.call(run)
-            emit(joiner.end_segment())
-            self.progress.next_segment()
+        items = [BatchItem(self.request(k), takes=1, seed=self.seed_for(k), take_offset=self.first_take)
+                 for k in range(n)]
+        held = [[] for _ in range(n)]  # audio of segments after the one playing, in arrival order
+        ended = [False] * n
+
+        def run():
+            turn = 0  # the segment whose audio is being sent
+            # closing(): an interrupt raised here must end the generator (and free the engine) now, not
+            # when the traceback that still references it is collected.
+            with contextlib.closing(self.engine.stream_batch(
+                    items, params=self.params, chunk_frames=chunk_frames, first_chunk_frames=first_chunk,
+                    on_progress=self._report, should_stop=mm.processing_interrupted)) as chunks:
+                for chunk in chunks:
+                    if chunk.item == turn:
+                        emit(joiner.push(chunk.audio))
+                    elif chunk.audio.numel():
+                        held[chunk.item].append(chunk.audio)
+                    ended[chunk.item] = chunk.final
+                    while turn < n and ended[turn]:  # its turn is over: the next segment's held audio goes out
+                        emit(joiner.end_segment())
+                        turn += 1
+                        if turn < n:
+                            for x in held[turn]:
+                                emit(joiner.push(x))
+                            held[turn] = []
+                    mm.throw_exception_if_processing_interrupted()
+        self.call(run)
         wav = torch.cat(pieces) if pieces else torch.zeros(0)
         elapsed = time.perf_counter() - t0
         send({"phase": "end", "chunks": len(pieces), "samples": int(wav.numel()), "elapsed_s": elapsed,

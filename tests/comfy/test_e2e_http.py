@@ -163,6 +163,38 @@ def test_stream_events_in_order_and_equal_to_final_audio(server):
     assert progress and progress[-1]["value"] == progress[-1]["max"] == FRAMES  # progress in frames
 
 
+def test_stream_long_text_rows_in_order_equal_the_generator_node(server):
+    """StreamChunks on long text: the segments stream as rows of one stream_batch (more rows than the loader's
+    4 slots); the chunks arrive in order, the first one 2 frames from segment 1, and the streamed audio and the
+    AUDIO equal the CustomVoice node's on the same text, seed, speaker and first_take (16-bit files: a step
+    or two)."""
+    from _q3support import load_pure
+
+    au, ts = load_pure("audio_utils"), load_pure("text_split")
+    text = ("Sentence one is here. Sentence two follows it. The third one comes now. A fourth sentence, then. "
+            "The fifth is the last.")
+    n = len(ts.split_text(text, 30))
+    assert n >= 5
+    same = dict(text=text, seed=61, speaker="Ryan", language="English", instruct="", first_take=1,
+                max_segment_chars=30)
+    prompt = ui_to_api.convert(load_wf("qwen3tts_streaming"), server.object_info)
+    prompt["2"]["inputs"].update(same)
+    pid, events = asyncio.run(_run_with_ws(server, prompt))
+    stream = [e["data"] for e in events if e["type"] == EVENT]
+    chunks = [d for d in stream if d["phase"] == "chunk"]
+    assert stream[0]["segments"] == n and [d["seq"] for d in chunks] == list(range(len(chunks)))
+    assert chunks[0]["samples"] <= 2 * SPF
+    pcm = np.concatenate([np.frombuffer(base64.b64decode(d["pcm"]), "<f4") for d in chunks])
+    assert pcm.size == n * FRAMES * SPF + (n - 1) * int(au.GAP_S * 24000)
+    (path,) = client.output_files(server.wait(pid), server.base)
+    streamed, _ = read_audio(path)
+    assert np.max(np.abs(streamed - np.clip(pcm, -1, 1))) < 1e-4
+    gen = run(server, _custom_prompt(server, **{**same, "takes": 1}))
+    (picked,) = outputs_by_prefix(gen, server.base)["custom_voice_picked"]
+    whole, _ = read_audio(picked)
+    assert whole.shape == streamed.shape and np.abs(whole - streamed).max() <= 3 / 32768
+
+
 def _custom_prompt(c, seed, **inputs):
     wf = load_wf("qwen3tts_custom_voice_takes")
     prompt = ui_to_api.convert(wf, c.object_info)

@@ -1,4 +1,4 @@
-"""Sampling overrides, progress over segments, checkpoint/voice paths (pure helpers)."""
+"""Sampling overrides, checkpoint/voice paths (pure helpers)."""
 import json
 import os
 
@@ -7,7 +7,6 @@ import pytest
 from _q3support import load_pure
 
 sampling = load_pure("sampling")
-progress = load_pure("progress")
 paths = load_pure("paths")
 
 
@@ -28,23 +27,6 @@ def test_sampling_rejects_out_of_range():
         sampling.sampling_changes(top_p=1.5)
     with pytest.raises(ValueError):
         sampling.sampling_changes(do_sample="maybe")
-
-
-def test_progress_spans_all_segments_in_frames():
-    seen = []
-    p = progress.SegmentProgress(3, lambda v, m: seen.append((v, m)))
-    p.on_progress(4, 10)
-    assert seen[-1] == (4, 30)
-    p.on_progress(10, 10)
-    p.next_segment()
-    p.on_progress(5, 8)
-    assert seen[-1] == (15, 10 + 8 * 2)
-    p.on_progress(8, 8)
-    p.next_segment()
-    p.on_progress(6, 6)
-    assert seen[-1] == (24, 24)
-    values = [v for v, _ in seen]
-    assert values == sorted(values)
 
 
 def test_find_checkpoints_lists_dirs_with_config(tmp_path):
