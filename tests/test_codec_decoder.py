@@ -336,16 +336,29 @@ def test_pieces_cover_every_length():
     assert pieces(13) == [8, 4, 1] and pieces(70) == [32, 32, 4, 2]
 
 
+def test_final_pieces_pad_only_the_last_run():
+    from engine.gpu.codec_graph import PIECES, final_pieces
+
+    for n in range(200):
+        split = final_pieces(n)
+        assert all(s in PIECES for s in split) and split[:-1] == [PIECES[0]] * (len(split) - 1)
+        rest = n - PIECES[0] * (len(split) - 1)  # the last run's real frames
+        assert not split or 0 < rest <= split[-1] < 2 * rest  # one piece holds it, under twice its size
+    assert final_pieces(13) == [16] and final_pieces(70) == [32, 32, 8] and final_pieces(64) == [32, 32]
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_whole_utterance_through_pieces_equals_one_pass(small_window, batch):
     """CodecGraphs.decode_utterance (capture off: the same pieces, eager) in a padded bucket equals one pass,
     and an ICL prefix is decoded once, then restored (the same audio as decoding it every time)."""
-    from engine.gpu.codec_graph import CodecGraphs
+    from engine.gpu.codec_graph import CodecGraphs, final_pieces
 
     graphs = CodecGraphs(small_window.decoder, capture=False)
     for frames in (1, 13, 45):
         codes = _codes(batch, frames, seed=40 + frames)
-        got = graphs.decode_utterance(codes)
+        before = graphs.eager_pieces
+        got = graphs.decode_utterance(codes)  # the last run is one piece padded with zero frames
+        assert graphs.eager_pieces - before == len(final_pieces(frames))
         assert got.shape == (batch, frames * 1920)
         assert (got - small_window.decode(codes)).abs().max().item() <= TOL, frames
     assert set(graphs.states) == {1 if batch == 1 else 4}

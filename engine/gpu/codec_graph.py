@@ -45,6 +45,17 @@ def pieces(frames: int) -> list[int]:
     return out
 
 
+def final_pieces(frames: int) -> list[int]:
+    """The pieces of an utterance's last `frames` frames: whole largest pieces, then what is left as ONE
+    piece, the smallest that holds it (padded with zero frames; nothing follows, so the state may run past
+    the end)."""
+    out = [PIECES[0]] * (frames // PIECES[0])
+    rest = frames % PIECES[0]
+    if rest:
+        out.append(min(p for p in PIECES if p >= rest))
+    return out
+
+
 def bucket_of(batch: int) -> int:
     for b in BATCH_BUCKETS:
         if b >= batch:
@@ -168,12 +179,14 @@ class CodecGraphs:
     # -- decoding ------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def decode(self, codes: torch.Tensor, state: DecodeState) -> torch.Tensor:
+    def decode(self, codes: torch.Tensor, state: DecodeState, final: bool = False) -> torch.Tensor:
         """codes [B, Q, k] -> audio [B, k * samples_per_frame], continuing `state`.
 
         On a bucket's shared state the k frames run as their pieces, each a graph replay (a piece with no
         graph is captured now if capture is on, else decoded eagerly on the same buffers); on any other
-        state, eagerly in one call.
+        state, eagerly in one call. `final`: these are the utterance's last frames, so the remainder after
+        the whole largest pieces runs as one zero-padded piece (final_pieces); the state is then past the
+        end, and its owner zeroes or primes it before the next utterance (acquire's callers all do).
         """
         batch, frames = codes.shape[0], codes.shape[-1]
         bucket = self._bucket_holding(state)
@@ -185,25 +198,32 @@ class CodecGraphs:
         spf = self.decoder.samples_per_frame
         out = None
         start = 0
-        for size in pieces(frames):
-            wav = self._piece(bucket, size, codes[..., start: start + size], state)
+        for size in final_pieces(frames) if final else pieces(frames):
+            real = min(size, frames - start)  # < size only for the padded last piece of a final decode
+            wav = self._piece(bucket, size, codes[..., start: start + real], state)
             if out is None:
                 out = wav.new_empty(batch, frames * spf)
-            out[:, start * spf: (start + size) * spf].copy_(wav[:batch])
-            start += size
+            out[:, start * spf: (start + real) * spf].copy_(wav[:batch, : real * spf])
+            start += real
         return out
 
     def _piece(self, bucket: int, size: int, codes: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Decode a `size`-frame piece; codes may hold fewer frames (the rest are zero frames)."""
         if (bucket, size) not in self.graphs and self.capture_enabled and self.failure is None:
             self.late_captures += 1
             log.info("codec graphs: capturing %d-frame pieces for %d rows during a request", size, bucket)
             self.capture(bucket, size)
+        real = codes.shape[-1]
         entry = self.graphs.get((bucket, size))
         if entry is None:
             self.eager_pieces += 1
+            if real < size:
+                codes = torch.cat([codes, codes.new_zeros(*codes.shape[:-1], size - real)], -1)
             return self.decoder(codes, state, check=False)
         graph, static_codes, wav = entry
-        static_codes.copy_(codes)
+        static_codes[..., :real].copy_(codes)
+        if real < size:
+            static_codes[..., real:].zero_()
         graph.replay()
         self.replays += 1
         return wav  # static: the caller copies it out before the next replay
@@ -247,7 +267,7 @@ class CodecGraphs:
                 self.prime(state, ref_codes, codes.shape[0])
             else:
                 state.zero_()
-            return self.decode(codes.transpose(1, 2), state)
+            return self.decode(codes.transpose(1, 2), state, final=True)
         finally:
             self.release_owner(bucket_of(codes.shape[0]), owner)
 

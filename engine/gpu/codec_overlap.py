@@ -3,9 +3,9 @@
 A frame is a chain of ~800 small, latency-bound kernels that leaves most of the GPU idle, while the codec
 is a few large convolutions (~0.2 ms of GPU time per frame at one take). Decoding each finished run of
 32 frames on a side CUDA stream overlaps the two, so a request no longer waits for the whole codec after
-its last frame: only the last, shorter piece is left. The decode is the chunked stateful one (exact for
-any split, engine/codec/decoder.py) through the load-time piece graphs, so the audio is that of
-`CodecGraphs.decode_utterance` and of a stream of the same codes.
+its last frame: only the last, shorter run is left, decoded as one zero-padded piece. The decode is the
+chunked stateful one (exact for any split, engine/codec/decoder.py) through the load-time piece graphs, so
+the audio is that of `CodecGraphs.decode_utterance` and of a stream of the same codes.
 """
 from __future__ import annotations
 
@@ -44,20 +44,20 @@ class OverlappedDecode:
         if ready >= PIECES[0]:
             self._flush(ready - ready % PIECES[0])
 
-    def _flush(self, frames: int) -> None:
+    def _flush(self, frames: int, final: bool = False) -> None:
         codes = torch.cat(self.pending, 1) if len(self.pending) > 1 else self.pending[0]
         now, rest = codes[:, :frames], codes[:, frames:]
         self.pending = [rest] if rest.shape[1] else []
         codes.record_stream(self.side)  # made on the main stream, read on the side one
         self.side.wait_stream(self.main)
         with torch.cuda.stream(self.side):
-            self.parts.append(self.graphs.decode(now.transpose(1, 2), self.state))
+            self.parts.append(self.graphs.decode(now.transpose(1, 2), self.state, final=final))
 
     def finish(self) -> torch.Tensor:
         """Audio [B, T * samples_per_frame] of every frame pushed, ready on the current stream."""
         ready = sum(c.shape[1] for c in self.pending)
-        if ready:
-            self._flush(ready)
+        if ready:  # the last frames: one padded piece (the state is released right after)
+            self._flush(ready, final=True)
         self.main.wait_stream(self.side)
         for part in self.parts:
             part.record_stream(self.main)  # made on the side stream, read (and freed) on the main one
