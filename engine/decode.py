@@ -220,12 +220,17 @@ def decode_rows(
     host = SlotTable(slots)
     queue = deque(range(len(rows)) if order is None else order)
     t0 = time.perf_counter()
+    # On CUDA the start is timed with events read after the first chunk's sync: no host sync of its own.
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if timings is not None \
+        and device.type == "cuda" else None
+    if events is not None:
+        events[0].record()
     runner.open(slots=slots, params=params, eos_id=eos_id,
                 max_len=max(r.prompt.prefill.shape[1] + r.max_frames for r in rows))
     _admit(runner, host, rows, queue, device, lead_rows)
-    if timings is not None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    if events is not None:
+        events[1].record()
+    elif timings is not None:
         timings["prefill_s"] = time.perf_counter() - t0
     ended = {}  # row -> frames stepped when it ended (an upper bound of its real frames)
     start = steps = busy = 0
@@ -244,6 +249,9 @@ def decode_rows(
         steps += n
         held = tuple(host.row)
         finished = runner.finished.tolist()  # the one host sync per chunk
+        if events is not None:  # complete now: the sync above waited for them
+            timings["prefill_s"] = events[0].elapsed_time(events[1]) / 1000
+            events = None
         now_ended = []
         for s, r in enumerate(held):
             if r >= 0 and (finished[s] or host.frames[s] >= host.limit[s]):

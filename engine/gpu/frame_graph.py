@@ -236,8 +236,8 @@ class GraphedFrames:
         if not self.capture_enabled:
             return
         t0 = time.perf_counter()
-        if self.prefill_graphs is None:
-            self.prefill_graphs = PrefillGraphs(self.talker)
+        if self.prefill_graphs is None:  # written straight into the one-take cache (no copy for 1 take)
+            self.prefill_graphs = PrefillGraphs(self.talker, cache=self._state(1).cache)
         self.prefill_graphs.capture_all()
         for bucket in buckets:
             self.s = self._state(bucket)
@@ -262,7 +262,7 @@ class GraphedFrames:
         """Prefill `prompt` into rows `slots` (its takes) and reset their per-row state."""
         s = self.s
         idx = torch.tensor(slots, device=s.pos.device)
-        hidden = self.prefill_graphs.run(prompt, s.cache, idx) if self.prefill_graphs is not None else None
+        hidden = self.prefill_graphs.run(prompt, s.cache, slots) if self.prefill_graphs is not None else None
         if hidden is None:  # no prefill graph holds this prompt length (or capture is off)
             hidden = prefill_into(self.talker, prompt, s.cache, idx)
         s.hidden[idx] = hidden

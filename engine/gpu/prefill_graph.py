@@ -6,9 +6,11 @@ length B >= L, the rows L..B-1 zero, and the bucket's graph is replayed. The pre
 so the padding rows come after every real row and cannot change it: row L-1 is the same hidden state as
 an exact-length prefill (only the matmul shapes differ).
 
-The graphs write K/V into their own static batch-1 cache (the padding rows' K/V land at positions
-L..B-1 there), and only the first L positions are copied into the admitted rows' slots, as the eager
-prefill (engine.decode.prefill_into) does.
+The graphs write K/V into the frame runner's one-row cache (its batch-1 FrameState): a one-take request
+decodes in that very cache, so its prefill needs no copy; rows of a larger batch get the first L positions
+copied into their slots, as the eager prefill (engine.decode.prefill_into) does. The padding rows' K/V land
+at positions L..B-1, which a row at position L never reads: the frame attention masks every position past
+its own (as it masks whatever an earlier request left there), so the result is the same as with a copy.
 """
 from __future__ import annotations
 
@@ -25,12 +27,16 @@ PREFILL_BUCKETS = (64, 128, 256, 512)
 
 
 class PrefillGraphs:
-    def __init__(self, talker, buckets=PREFILL_BUCKETS):
+    def __init__(self, talker, cache: KVCache | None = None, buckets=PREFILL_BUCKETS):
+        """`cache`: the batch-1 cache the graphs write (a one-take run decodes in it: no copy); default their
+        own. Buckets longer than it are left out (those prompts prefill eagerly)."""
         self.talker = talker
-        self.buckets = tuple(buckets)
-        self.cache = talker.new_cache(1, max(self.buckets))  # the graphs' own (~58 MB at 512 positions)
+        self.cache = cache if cache is not None else talker.new_cache(1, max(buckets))
+        if self.cache.batch != 1:
+            raise ValueError(f"prefill graphs write a batch-1 cache (got batch {self.cache.batch})")
+        self.buckets = tuple(b for b in buckets if b <= self.cache.max_len)
         w = talker.model.codec_embedding.weight
-        self.x = torch.zeros(1, max(self.buckets), talker.cfg.hidden_size, dtype=w.dtype, device=w.device)
+        self.x = torch.zeros(1, max(self.buckets, default=1), talker.cfg.hidden_size, dtype=w.dtype, device=w.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.capture_seconds = 0.0
@@ -52,8 +58,9 @@ class PrefillGraphs:
             self.capture_seconds += time.perf_counter() - t0
 
     def run(self, prompt, cache: KVCache, rows) -> torch.Tensor | None:
-        """Prefill `prompt` into rows `rows` of `cache` (as engine.decode.prefill_into does): the last hidden
-        state [1, H], or None when no captured bucket holds the prompt (the caller prefills eagerly)."""
+        """Prefill `prompt` into rows `rows` (a list) of `cache` (as engine.decode.prefill_into does): the last
+        hidden state [1, H], or None when no captured bucket holds the prompt (the caller prefills eagerly).
+        Row 0 of the graphs' own cache is written in place (no copy)."""
         length = prompt.prefill.shape[1]
         b = self.bucket(length)
         if b is None or b not in self.graphs:
@@ -63,7 +70,8 @@ class PrefillGraphs:
         self.x[:, length:b].zero_()
         graph.replay()
         self.replays += 1
-        cache.copy_rows_from(self.cache, length, rows=rows)
+        if cache is not self.cache or list(rows) != [0]:
+            cache.copy_rows_from(self.cache, length, rows=rows)
         return out[:, length - 1].clone()
 
     def release(self) -> None:

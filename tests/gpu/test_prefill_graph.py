@@ -110,6 +110,7 @@ def test_no_capture_while_requests_run(engines):
     buckets, the one-take frame windows and every codec piece were captured at load."""
     engine = engines("custom_voice", "fp32")
     runner, codec = engine.runner, engine.codec_graphs
+    assert runner.prefill_graphs.cache is runner.states[1].cache  # one take: prefilled in place, no copy
     frames_before, codec_before, late_before = len(runner.graphs), codec.captures, runner.late_captures
     texts = ["Hi.", "A somewhat longer sentence than the first one, with a comma.",
              "And now a third sentence, longer again, so that its prompt lands in yet another bucket of the "
