@@ -87,6 +87,11 @@ def test_qk_norm_rope_kv_rows_at_their_own_positions(dtype):
     st.check_qk_norm_rope_kv(DEV, dtype, 4, pos=2, seed=5, per_row=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_qk_norm_rope_kv_prefill(dtype):
+    st.check_qk_norm_rope_kv_prefill(DEV, dtype, 5, nh=4, nkv=2, d=32, seed=11)
+
+
 def test_attention_rows_of_different_lengths():
     st.check_attention(DEV, torch.float32, 4, seq=40, window=32, filled=20, per_row=True)
 
@@ -205,3 +210,32 @@ def test_layer_step_matches_fused_layer(dtype):
         tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 6e-2, "rtol": 3e-2}
         torch.testing.assert_close(got, want, **tol)
         torch.testing.assert_close(caches[2], caches[0], **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_prefill_matches_fused_layer(dtype):
+    """FusedLayer.prefill with every kernel on == the same prefill with every op as its torch reference
+    (a small random layer, 6 tokens)."""
+    from engine.config import LayerStackConfig
+    from engine.gpu.fused_layers import FusedStack
+    from engine.model.layers import DecoderStack
+
+    cfg = LayerStackConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
+                           head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=64,
+                           vocab_size=16)
+    torch.manual_seed(0)
+    stack = DecoderStack(cfg)
+    for p in stack.parameters():
+        torch.nn.init.normal_(p, 1.0 if p.ndim == 1 else 0.0, 0.1 if p.ndim == 1 else 0.08)
+    stack = stack.to(dtype)
+    fs = FusedStack(stack)
+    fl = fs.layers[0]
+    caches = [torch.zeros(1, 2, 8, 32, dtype=dtype) for _ in range(4)]
+    x = torch.randn(6, 128, generator=torch.Generator().manual_seed(1)).to(dtype)
+    cos, sin = fs.rope(torch.arange(6), dtype)
+    want = fl.prefill(kernels.Kernels(), x, cos, sin, caches[0], caches[1])
+    got = fl.prefill(kernels.Kernels(kernels.NAMES), x, cos, sin, caches[2], caches[3])
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 6e-2, "rtol": 3e-2}
+    torch.testing.assert_close(got, want, **tol)
+    torch.testing.assert_close(caches[2], caches[0], **tol)
+    torch.testing.assert_close(caches[3], caches[1], **tol)

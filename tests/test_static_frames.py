@@ -10,6 +10,7 @@ import torch
 from engine import Engine, Request
 from engine.gpu import frame_graph
 from engine.gpu.frame_graph import GraphedFrames
+from engine.gpu.fused_layers import FusedStack
 from tests.decoding import decode_codes
 
 
@@ -31,6 +32,27 @@ def test_static_frame_body_equals_eager(engine, monkeypatch, greedy, takes):
     graph, n_graph = decode_codes(engine, GraphedFrames(engine.talker, 400, capture=False), req, takes, params, seed=9)
     assert n_eager == n_graph
     assert torch.equal(eager, graph)
+
+
+@pytest.mark.parametrize("pad", [0, 21])
+def test_fused_prefill_equals_module_forward(engine, pad):
+    """FusedStack.prefill (what the prefill graphs capture; every op its torch reference here) against the
+    module's forward at the prompt's exact length: the same hidden states and K/V, with padding rows after
+    the prompt or without."""
+    talker = engine.talker
+    req = Request(mode="custom", text="The fused prefill follows the module.", language="English", speaker="ryan")
+    prompt = engine.builder.build(req)
+    length = prompt.prefill.shape[1]
+    fused = FusedStack(talker.model)
+    x = torch.cat([prompt.prefill, torch.zeros(1, pad, prompt.prefill.shape[2])], 1)
+    with torch.inference_mode():
+        want_cache, got_cache = talker.new_cache(1, 128), talker.new_cache(1, 128)
+        want = talker.model(prompt.prefill, want_cache, 0)
+        got = fused.prefill(x, got_cache, fused.rope(torch.arange(length + pad), x.dtype))
+    assert got.shape == x.shape
+    torch.testing.assert_close(got[:, :length], want, atol=1e-5, rtol=1e-5)
+    for mine, theirs in zip(got_cache.k + got_cache.v, want_cache.k + want_cache.v):
+        torch.testing.assert_close(mine[:, :, :length], theirs[:, :, :length], atol=1e-5, rtol=1e-5)
 
 
 def test_batch_buckets():

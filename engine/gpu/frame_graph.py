@@ -237,7 +237,7 @@ class GraphedFrames:
             return
         t0 = time.perf_counter()
         if self.prefill_graphs is None:  # written straight into the one-take cache (no copy for 1 take)
-            self.prefill_graphs = PrefillGraphs(self.talker, cache=self._state(1).cache)
+            self.prefill_graphs = PrefillGraphs(self.talker, cache=self._state(1).cache, fused=self.fused["talker"])
         self.prefill_graphs.capture_all()
         for bucket in buckets:
             self.s = self._state(bucket)

@@ -1,4 +1,5 @@
-"""Fewer, larger kernels for single-token decoder steps (the graphed frame is launch-bound).
+"""Fewer, larger kernels for decoder steps: single-token decode and the T tokens of a prompt (both
+graphed, both launch-bound).
 
 `fuse_projections` concatenates q/k/v and gate/up weights once and re-points the original parameters at
 row slices of the merged tensors, so no memory is duplicated and the eager modules keep working. Then
@@ -13,12 +14,15 @@ path. Per layer and token:
   * RMSNorm + one gate/up matmul;
   * SwiGLU + down_proj with the residual added in its epilogue.
 With Triton that is 6 launches (engine/kernels/linear.py fuses the norms, SwiGLU and residuals into the
-matmuls); in torch about 20. Numerics follow engine/model/layers.py: RMSNorm normalises in fp32, casts
+matmuls); in torch about 20. `prefill` runs a fresh prompt's T tokens the same way with ~10 launches a
+layer (cuBLAS matmuls, which win at T rows; one-launch norms and q/k norm + RoPE + cache write; the
+residuals added in the matmuls' epilogues) instead of ~53 op by op. Numerics follow engine/model/layers.py: RMSNorm normalises in fp32, casts
 back, then scales; RoPE tables come in the activation dtype; softmax runs in fp32.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels import Kernels
 from ..model.layers import DecoderLayer, DecoderStack
@@ -53,6 +57,23 @@ class FusedLayer:
         gu = ks.linear(x, self.gate_up, prologue="rms_norm", norm_weight=lay.post_attention_layernorm.weight,
                        eps=self.eps)
         return ks.linear(gu, lay.mlp.down_proj.weight, prologue="silu_mul", residual=x)
+
+
+    def prefill(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache):
+        """x [T, H] at positions 0..T-1 of a fresh prompt -> [T, H]; writes positions 0..T-1 of the batch-1
+        caches and attends causally over them (as DecoderLayer at start 0)."""
+        lay, t = self.layer, x.shape[0]
+        qkv = F.linear(ks.rms_norm(x, lay.input_layernorm.weight, self.eps), self.qkv)
+        q = ks.qk_norm_rope_kv_prefill(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache,
+                                       self.nh, self.nkv)
+        out = F.scaled_dot_product_attention(q.view(1, t, self.nh, self.d).transpose(1, 2), k_cache[:, :, :t],
+                                             v_cache[:, :, :t], is_causal=t > 1, scale=self.scale,
+                                             enable_gqa=self.nh != self.nkv)
+        x = torch.addmm(x, out.transpose(1, 2).reshape(t, self.nh * self.d), lay.self_attn.o_proj.weight.t())
+        gu = F.linear(ks.rms_norm(x, lay.post_attention_layernorm.weight, self.eps), self.gate_up)
+        inter = gu.shape[-1] // 2
+        # x is this layer's own tensor: the second residual is added in place, in the matmul's epilogue
+        return x.addmm_(F.silu(gu[:, :inter]) * gu[:, inter:], lay.mlp.down_proj.weight.t())
 
 
 def _merge_rows(linears) -> torch.Tensor:
@@ -97,6 +118,16 @@ class FusedStack:
             return x
         norm = self.stack.norm
         return self.ks.rms_norm(x, norm.weight, norm.eps)
+
+    def prefill(self, x, cache, rope):
+        """x [1, T, H] at positions 0..T-1 of a fresh prompt, written into the batch-1 `cache` -> hidden
+        [1, T, H] after the final norm. `rope`: (cos, sin_signed) [T, D] of positions 0..T-1."""
+        cos, sin_signed = rope
+        h = x[0]
+        for i, layer in enumerate(self.layers):
+            h = layer.prefill(self.ks, h, cos, sin_signed, cache.k[i], cache.v[i])
+        norm = self.stack.norm
+        return self.ks.rms_norm(h, norm.weight, norm.eps)[None]
 
     def head(self, x, weight):
         """The final norm and a head ([V, H] weight) in one: logits [B, V]."""

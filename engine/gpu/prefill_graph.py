@@ -11,6 +11,9 @@ decodes in that very cache, so its prefill needs no copy; rows of a larger batch
 copied into their slots, as the eager prefill (engine.decode.prefill_into) does. The padding rows' K/V land
 at positions L..B-1, which a row at position L never reads: the frame attention masks every position past
 its own (as it masks whatever an earlier request left there), so the result is the same as with a copy.
+
+Given the runner's FusedStack, a bucket's graph runs FusedStack.prefill (~10 launches a layer, RoPE tables
+made once here) instead of the module's op-by-op forward (~53); without one, the module's forward.
 """
 from __future__ import annotations
 
@@ -27,16 +30,21 @@ PREFILL_BUCKETS = (64, 128, 256, 512)
 
 
 class PrefillGraphs:
-    def __init__(self, talker, cache: KVCache | None = None, buckets=PREFILL_BUCKETS):
+    def __init__(self, talker, cache: KVCache | None = None, buckets=PREFILL_BUCKETS, fused=None):
         """`cache`: the batch-1 cache the graphs write (a one-take run decodes in it: no copy); default their
-        own. Buckets longer than it are left out (those prompts prefill eagerly)."""
+        own. Buckets longer than it are left out (those prompts prefill eagerly). `fused`: the talker's
+        FusedStack (engine/gpu/fused_layers.py), or None for the module's forward."""
         self.talker = talker
+        self.fused = fused
         self.cache = cache if cache is not None else talker.new_cache(1, max(buckets))
         if self.cache.batch != 1:
             raise ValueError(f"prefill graphs write a batch-1 cache (got batch {self.cache.batch})")
         self.buckets = tuple(b for b in buckets if b <= self.cache.max_len)
         w = talker.model.codec_embedding.weight
         self.x = torch.zeros(1, max(self.buckets, default=1), talker.cfg.hidden_size, dtype=w.dtype, device=w.device)
+        self.rope = None
+        if fused is not None:  # positions 0..max-1, made once (a bucket reads its first rows)
+            self.rope = fused.rope(torch.arange(self.x.shape[1], device=w.device), w.dtype)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.capture_seconds = 0.0
@@ -51,11 +59,16 @@ class PrefillGraphs:
             if b in self.graphs:
                 continue
             t0 = time.perf_counter()
-            graph, out = capture(lambda b=b: self.talker.model(self.x[:, :b], self.cache, 0), self.pool)
+            graph, out = capture(lambda b=b: self._body(b), self.pool)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[b] = (graph, out)
             self.capture_seconds += time.perf_counter() - t0
+
+    def _body(self, b: int) -> torch.Tensor:
+        if self.fused is None:
+            return self.talker.model(self.x[:, :b], self.cache, 0)
+        return self.fused.prefill(self.x[:, :b], self.cache, (self.rope[0][:b], self.rope[1][:b]))
 
     def run(self, prompt, cache: KVCache, rows) -> torch.Tensor | None:
         """Prefill `prompt` into rows `rows` (a list) of `cache` (as engine.decode.prefill_into does): the last

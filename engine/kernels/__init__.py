@@ -95,6 +95,11 @@ class Kernels:
         fn = m.qk_norm_rope_kv if "qk_norm_rope_kv" in self.active else m.reference
         return fn(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
 
+    def qk_norm_rope_kv_prefill(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv):
+        m = self._mod("qk_norm_rope_kv")
+        fn = m.prefill if "qk_norm_rope_kv" in self.active else m.prefill_reference
+        return fn(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv)
+
     def attention(self, q, k_cache, v_cache, bias, scale):
         m = self._mod("attention")
         return (m.attention if "attention" in self.active else m.reference)(q, k_cache, v_cache, bias, scale)

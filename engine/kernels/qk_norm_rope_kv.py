@@ -1,4 +1,5 @@
-"""q/k RMSNorm + RoPE + KV-cache write of one decode token, in one launch (replaces ~7 kernels).
+"""q/k RMSNorm + RoPE + KV-cache write of one decode token, in one launch (replaces ~7 kernels); `prefill`
+does the same for the T tokens of a fresh prompt (positions 0..T-1 of a batch-1 cache, ~20 kernels).
 
 Input qkv [B, (nh + 2 nkv) * D] is the merged projection (row stride may be larger). One program per
 (row, head) over nh + 2 nkv heads: q heads are normalised, rotated and written to q [B, nh, D]; k heads
@@ -22,17 +23,22 @@ from ._util import require
 triton = tl = None  # bound on first use by _kernel()
 
 
-def reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv):
-    """The torch ops this kernel replaces in FusedLayer.step (returns q [B, nh, D]; writes the caches at pos)."""
+def _norm_rope(qkv, qk_norm_weight, cos, sin_signed, eps, d, nh, nkv):
+    """Rows of qkv [B, ...] -> (q and k normed and rotated [B, nh + nkv, D], v [B, nkv, D])."""
     b = qkv.shape[0]
-    d = k_cache.shape[-1]
     qkv = qkv.reshape(b, -1)
     qk = qkv[:, : (nh + nkv) * d].view(b, nh + nkv, d)
     qk = F.rms_norm(qk, (d,), eps=eps) * qk_norm_weight
     half = d // 2
-    cos, sin_signed = cos.reshape(-1, 1, d), sin_signed.reshape(-1, 1, d)  # shared, or one row per batch row
+    cos, sin_signed = cos.reshape(-1, 1, d), sin_signed.reshape(-1, 1, d)  # shared, or one row per qkv row
     qk = torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), -1), sin_signed)
-    v = qkv[:, (nh + nkv) * d: (nh + 2 * nkv) * d].view(b, nkv, d)
+    return qk, qkv[:, (nh + nkv) * d: (nh + 2 * nkv) * d].view(b, nkv, d)
+
+
+def reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv):
+    """The torch ops this kernel replaces in FusedLayer.step (returns q [B, nh, D]; writes the caches at pos)."""
+    b = qkv.shape[0]
+    qk, v = _norm_rope(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache.shape[-1], nh, nkv)
     pos = pos.reshape(-1)
     if pos.numel() == 1:
         k_cache.index_copy_(2, pos, qk[:, nh:, None])
@@ -41,6 +47,16 @@ def reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, 
         rows = torch.arange(b, device=pos.device)
         k_cache[rows, :, pos] = qk[:, nh:]
         v_cache[rows, :, pos] = v
+    return qk[:, :nh]
+
+
+def prefill_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv):
+    """The torch ops `prefill` replaces in FusedLayer.prefill: qkv [T, ...] of positions 0..T-1, cos and
+    sin_signed [T, D]; writes positions 0..T-1 of the batch-1 caches and returns q [T, nh, D]."""
+    t = qkv.shape[0]
+    qk, v = _norm_rope(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache.shape[-1], nh, nkv)
+    k_cache[0, :, :t] = qk[:, nh:].transpose(0, 1)
+    v_cache[0, :, :t] = v.transpose(0, 1)
     return qk[:, :nh]
 
 
@@ -53,12 +69,15 @@ def _kernel():
     @triton.jit
     def qk_norm_rope_kv_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr,
                                stride_qkv, stride_q, skb, skh, sks, svb, svh, svs, stride_pos, stride_cos, eps,
-                               NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr):
+                               NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, SEQ: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         cols = tl.arange(0, D)
         src = qkv_ptr + b * stride_qkv + h * D
-        pos = tl.load(pos_ptr + b * stride_pos)
+        if SEQ:  # prefill: program row b is the token at position b (the cache batch stride is 0)
+            pos = b
+        else:
+            pos = tl.load(pos_ptr + b * stride_pos)
         if h < NH + NKV:
             rot = (cols + D // 2) % D
             x = tl.load(src + cols).to(tl.float32)
@@ -103,5 +122,28 @@ def qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache,
         qkv2, qk_norm_weight, cos, sin_signed, q, k_cache, v_cache, pos,
         qkv2.stride(0), q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         1 if per_row else 0, d if per_row else 0, float(eps),
-        NH=nh, NKV=nkv, D=d, num_warps=1 if d <= 128 else 2)
+        NH=nh, NKV=nkv, D=d, SEQ=False, num_warps=1 if d <= 128 else 2)
+    return q
+
+
+def prefill(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv):
+    """Same contract as `prefill_reference`: qkv [T, (nh + 2 nkv) * D] (rows contiguous), cos and
+    sin_signed [T, D]; k_cache, v_cache [1, nkv, S >= T, D] -> q [T, nh, D] (contiguous)."""
+    t = qkv.shape[0]
+    d = k_cache.shape[-1]
+    qkv2 = qkv.reshape(t, -1)
+    require(qkv2.stride(-1) == 1 and qkv2.shape[1] >= (nh + 2 * nkv) * d, "contiguous qkv rows of all heads")
+    require(k_cache.shape[0] == 1 == v_cache.shape[0] and t <= k_cache.shape[2], "a batch-1 cache holding T positions")
+    require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and qk_norm_weight.is_contiguous(),
+            "contiguous caches and norm weight")
+    cos = cos.reshape(-1, d).contiguous()
+    sin_signed = sin_signed.reshape(-1, d).contiguous()
+    require(cos.shape[0] == t == sin_signed.shape[0], "one RoPE row per token")
+    q = torch.empty(t, nh, d, dtype=qkv.dtype, device=qkv.device)
+    _, skh, sks = k_cache.stride()[:3]
+    _, svh, svs = v_cache.stride()[:3]
+    _kernel()[(t, nh + 2 * nkv)](
+        qkv2, qk_norm_weight, cos, sin_signed, q, k_cache, v_cache, q,  # pos_ptr unused (SEQ)
+        qkv2.stride(0), q.stride(0), 0, skh, sks, 0, svh, svs, 0, d, float(eps),
+        NH=nh, NKV=nkv, D=d, SEQ=True, num_warps=1 if d <= 128 else 2)
     return q

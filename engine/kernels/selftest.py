@@ -107,6 +107,25 @@ def check_qk_norm_rope_kv(device, dtype, b, nh=16, nkv=8, d=128, seq=32, pos=7, 
     _verdict(torch.equal(mine[1], caches[1]), what + " v_cache differs")
 
 
+def check_qk_norm_rope_kv_prefill(device, dtype, t, nh=16, nkv=8, d=128, seq=None, seed=0):
+    """T prompt tokens at positions 0..T-1 into a batch-1 cache filled with noise (positions past T keep it)."""
+    from . import qk_norm_rope_kv as k
+
+    width = (nh + 2 * nkv) * d
+    qkv = _rand((t, width), dtype, device, seed, 2.0)
+    w = _rand((nh + nkv, d), dtype, device, seed + 1, 0.3, 1.0)
+    tables = [rope_tables(d, x, dtype, device) for x in range(t)]
+    cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
+    caches = [_rand((1, nkv, seq or t + 8, d), dtype, device, seed + 2 + i) for i in range(2)]
+    mine = [c.clone() for c in caches]
+    want = k.prefill_reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], nh, nkv)
+    got = k.prefill(qkv, w, cos, sin, 1e-6, mine[0], mine[1], nh, nkv)
+    what = f"qk_norm_rope_kv prefill {dtype} T={t}"
+    _close(got, want, ROPE_TOL[dtype], what + " q")
+    _close(mine[0], caches[0], ROPE_TOL[dtype], what + " k_cache")
+    _verdict(torch.equal(mine[1], caches[1]), what + " v_cache differs")
+
+
 def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, filled=9, seed=0, block_n=16,
                     per_row=False):
     """per_row: row i sees `filled - i` positions (a [B, 1, 1, W] bias, rows of different lengths)."""

@@ -71,6 +71,12 @@ def test_qk_norm_rope_kv_rows_at_their_own_positions(dtype):
     st.check_qk_norm_rope_kv(DEV, dtype, 16, seq=2048, pos=1000, seed=7, per_row=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_qk_norm_rope_kv_prefill(dtype):
+    for t in (1, 64, 200, 512):
+        st.check_qk_norm_rope_kv_prefill(DEV, dtype, t, seq=2048, seed=t)
+
+
 def test_attention_rows_of_different_lengths():
     for dtype in DTYPES:
         st.check_attention(DEV, dtype, 16, seq=600, window=512, filled=500, block_n=64, per_row=True)

@@ -18,18 +18,18 @@ pytestmark = pytest.mark.gpu
 FRAMES = 100
 
 
-def _load(path, dtype):
-    return Engine.load(path, device="cuda", dtype=dtype, cuda_graphs="on", triton="off", max_seq_len=512)
+def _load(path, dtype, triton="off"):
+    return Engine.load(path, device="cuda", dtype=dtype, cuda_graphs="on", triton=triton, max_seq_len=512)
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoints):
     loaded = {}
 
-    def get(model_type, dtype):
-        if (model_type, dtype) not in loaded:
-            loaded[model_type, dtype] = _load(tiny_checkpoints[model_type], dtype)
-        return loaded[model_type, dtype]
+    def get(model_type, dtype, triton="off"):
+        if (model_type, dtype, triton) not in loaded:
+            loaded[model_type, dtype, triton] = _load(tiny_checkpoints[model_type], dtype, triton)
+        return loaded[model_type, dtype, triton]
 
     yield get
     for e in loaded.values():
@@ -67,11 +67,13 @@ def _exact_length(engine):
     return Off()
 
 
-@pytest.mark.parametrize("mode", list(CASES))
-@pytest.mark.parametrize("takes", [1, 3])
-def test_fp32_bucketed_prefill_equals_exact_length(engines, mode, takes):
+@pytest.mark.parametrize("mode,takes,triton", [(m, t, "off") for m in CASES for t in (1, 3)]
+                         + [(m, 1, "on") for m in ("custom", "clone_icl")])
+def test_fp32_bucketed_prefill_equals_exact_length(engines, mode, takes, triton):
+    """The graphs run the fused prefill (kernels as torch references, or as Triton); the exact-length
+    prefill is the module's own forward."""
     ckpt, build = CASES[mode]
-    engine = engines(ckpt, "fp32")
+    engine = engines(ckpt, "fp32", triton)
     req = build(engine)
     pre = engine.runner.prefill_graphs
     length = engine.builder.build(req).prefill.shape[1]
@@ -103,6 +105,30 @@ def test_bf16_bucketed_prefill_structure(engines, mode):
     for codes in res.codes:
         assert codes.shape == (40, 16) and int(codes.min()) >= 0 and int(codes.max()) < 2048
     assert torch.isfinite(res.audio).all() and res.audio.abs().max() > 0
+
+
+@pytest.mark.parametrize("triton", ["off", "on"])
+def test_bf16_prefill_graph_replays_fused_prefill(engines, triton):
+    """A bucket's graph computes what FusedStack.prefill computes run op by op on the same padded input
+    (bf16, kernels as torch references or as Triton): the same kernels on the same shapes, so equal up to
+    a library picking another algorithm under capture (printed; the bound is bf16 rounding)."""
+    engine = engines("custom_voice", "bf16", triton)
+    pre = engine.runner.prefill_graphs
+    prompt = engine.builder.build(CASES["custom"][1](engine))
+    length = prompt.prefill.shape[1]
+    b = pre.bucket(length)
+    with torch.inference_mode():
+        hidden = pre.run(prompt, pre.cache, [0])
+        k0 = pre.cache.k[3][:, :, :length].clone()
+        x = torch.zeros_like(pre.x[:, :b])
+        x[:, :length] = prompt.prefill
+        cache = engine.talker.new_cache(1, b)
+        want = pre.fused.prefill(x, cache, (pre.rope[0][:b], pre.rope[1][:b]))[:, length - 1]
+    k_want = cache.k[3][:, :, :length]
+    print(f"triton {triton}: graph vs op by op, hidden max diff {(hidden - want).abs().max().item():.3g}, "
+          f"K max diff {(k0 - k_want).abs().max().item():.3g}")
+    torch.testing.assert_close(hidden, want, atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(k0, k_want, atol=1.6e-2, rtol=1.6e-2)
 
 
 def test_no_capture_while_requests_run(engines):
