@@ -239,3 +239,33 @@ def test_layer_prefill_matches_fused_layer(dtype):
     torch.testing.assert_close(got, want, **tol)
     torch.testing.assert_close(caches[2], caches[0], **tol)
     torch.testing.assert_close(caches[3], caches[1], **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 4])
+def test_predictor_pass(dtype, rows):
+    """The persistent predictor pass against the per-layer torch path. The interpreter runs programs one
+    after another, so only a grid of 1 can pass a grid barrier here: the multi-program barrier, the L2
+    prefetch (inline PTX) and the residency check run in tests/gpu/test_predictor_pass_gpu.py only."""
+    st.check_predictor_pass(DEV, dtype, rows)
+
+
+def test_predictor_pass_falls_back_with_one_warning(monkeypatch, caplog):
+    from engine.gpu.fused_layers import FusedStack
+    from engine.kernels import predictor_pass as kp
+    from engine.model.kv_cache import KVCache
+
+    fs = st.predictor_stack(DEV, torch.float32)
+    fs = FusedStack(fs.stack, kernels.Kernels(["predictor_pass"]))
+
+    def not_resident(self, *a, **k):
+        raise kp.NotResidentError("does not fit")
+
+    monkeypatch.setattr(kp.PredictorPass, "__call__", not_resident)
+    cache = KVCache(2, 1, 2, 16, 32, torch.float32, DEV)
+    pos = torch.tensor([0])
+    bias = torch.zeros(16)
+    for _ in range(2):
+        fs.predictor_pass(torch.randn(1, 1, 128), cache, pos, bias, fs.rope(pos, torch.float32))
+    assert fs.persistent is False
+    assert sum("predictor_pass kernel off" in r.message for r in caplog.records) == 1

@@ -123,13 +123,13 @@ def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_embed, choose
     inside each head's matmul; position 0 only fills the cache, so it skips norm and head."""
     pred = talker.code_predictor
     proj = _projector(talker, fused.ks)
-    fused.step(proj(s.hidden[:, None]), s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0],
-               final_norm=False)
+    fused.predictor_pass(proj(s.hidden[:, None]), s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0])
     x = proj(c0_embed[:, None])
     codes = []
     for j in range(1, pred.num_groups + 1):
-        h = fused.step(x, s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j], final_norm=False)
-        code = choose(fused.head(h[:, -1], pred.lm_head[j - 1].weight), j)  # logits in the model dtype
+        logits = fused.predictor_pass(x, s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j],
+                                      pred.lm_head[j - 1].weight)  # in the model dtype
+        code = choose(logits, j)
         codes.append(code)
         if j < pred.num_groups:
             x = proj(pred.model.codec_embedding[j - 1](code)[:, None])

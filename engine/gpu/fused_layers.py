@@ -21,6 +21,8 @@ back, then scales; RoPE tables come in the activation dtype; softmax runs in fp3
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
@@ -28,6 +30,7 @@ from ..kernels import Kernels
 from ..model.layers import DecoderLayer, DecoderStack
 
 NO_KERNELS = Kernels()  # every op runs as its torch reference
+log = logging.getLogger(__name__)
 
 
 class FusedLayer:
@@ -101,6 +104,7 @@ class FusedStack:
         self.stack = stack
         self.layers = [fused(layer) for layer in stack.layers]
         self.ks = kernels or NO_KERNELS  # None or nothing active: every op as its torch reference
+        self.persistent = None  # the predictor_pass launcher, made on first use; False once it fell back
 
     def rope(self, pos: torch.Tensor, dtype):
         cos, sin = self.stack.rotary(pos, dtype)
@@ -133,3 +137,27 @@ class FusedStack:
         """The final norm and a head ([V, H] weight) in one: logits [B, V]."""
         norm = self.stack.norm
         return self.ks.linear(x, weight, prologue="rms_norm", norm_weight=norm.weight, eps=norm.eps)
+
+    def predictor_pass(self, x, cache, pos, bias, rope, head_weight=None):
+        """One whole pass over the layers: logits [B, V] of head_weight after the final norm, or, without a
+        head, only the cache writes (returns None). One persistent launch when the predictor_pass kernel
+        is active (engine/kernels/predictor_pass.py), else the per-layer steps and the head."""
+        run = self._persistent_pass()
+        if run:
+            from ..kernels._util import ContractError
+            from ..kernels.predictor_pass import NotResidentError
+
+            try:
+                return run(x, cache, pos, bias, rope, head_weight, fill_only=head_weight is None)
+            except (NotResidentError, ContractError) as exc:  # before capture: the warm-up call meets it
+                log.warning("predictor_pass kernel off, the per-layer kernels run instead: %s", exc)
+                self.persistent = False
+        h = self.step(x, cache, pos, bias, rope, final_norm=False)
+        return None if head_weight is None else self.head(h[:, -1], head_weight)
+
+    def _persistent_pass(self):
+        if self.persistent is None and "predictor_pass" in self.ks.active:
+            from ..kernels.predictor_pass import PredictorPass
+
+            self.persistent = PredictorPass(self)
+        return self.persistent

@@ -22,6 +22,9 @@ import os
 from ..errors import Qwen3TTSError
 
 NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "sample")
+# Opt-in kernels: known to Kernels, but "auto"/"on" pick them only when PREDICTOR_PASS_ENV is "1".
+OPTIONAL = ("predictor_pass",)  # the whole code-predictor pass as one persistent launch (predictor_pass.py)
+PREDICTOR_PASS_ENV = "QWEN3TTS_PREDICTOR_PASS"
 MODES = ("auto", "on", "off")
 
 
@@ -68,10 +71,10 @@ class Kernels:
     """Dispatch table of one engine instance: each op runs as Triton if its name is in `active`."""
 
     def __init__(self, active=()):
-        unknown = set(active) - set(NAMES)
+        unknown = set(active) - set(NAMES + OPTIONAL)
         if unknown:
-            raise ValueError(f"unknown kernels {sorted(unknown)}; known: {NAMES}")
-        self.active = tuple(n for n in NAMES if n in active)
+            raise ValueError(f"unknown kernels {sorted(unknown)}; known: {NAMES + OPTIONAL}")
+        self.active = tuple(n for n in NAMES + OPTIONAL if n in active)
 
     def __repr__(self) -> str:
         return f"Kernels(active={self.active})"
@@ -113,7 +116,8 @@ class Kernels:
 def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
     """Kernels for one engine instance and a sentence saying what was chosen and why.
 
-    "off": references only. "on": all of NAMES, or KernelUnavailableError. "auto": on when available()."""
+    "off": references only. "on": all of NAMES, or KernelUnavailableError. "auto": on when available().
+    OPTIONAL kernels join "on"/"auto" only when the environment opts in (QWEN3TTS_PREDICTOR_PASS=1)."""
     if mode not in MODES:
         raise ValueError(f"kernels must be one of {MODES} (got {mode!r})")
     if mode == "off":
@@ -125,5 +129,6 @@ def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
         if mode == "on":
             raise KernelUnavailableError(f"kernels='on' but the Triton kernels cannot run: {why}")
         return Kernels(), f"triton kernels off (auto): {why}"
-    ks = Kernels(NAMES)
+    opted = OPTIONAL if os.environ.get(PREDICTOR_PASS_ENV, "0") == "1" else ()
+    ks = Kernels(NAMES + opted)
     return ks, f"triton kernels on ({why}): {', '.join(ks.active)}"

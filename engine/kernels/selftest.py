@@ -295,3 +295,60 @@ SAMPLE_CASES = {
     "p095_flat": {"top_k": 0, "top_p": 0.95, "scale": 1.0},
     "ties": {"top_k": 30, "ties": True},
 }
+
+
+PASS_TOL = {torch.float32: (2e-4, 2e-4), torch.bfloat16: (6e-2, 3e-2)}
+
+
+def predictor_stack(device, dtype, hidden=128, inter=256, layers=2, nh=4, nkv=2, d=32, seed=0):
+    """A random decoder stack (FusedStack) with the code predictor's structure, at any size."""
+    from ..config import LayerStackConfig
+    from ..gpu.fused_layers import FusedStack
+    from ..model.layers import DecoderStack
+
+    cfg = LayerStackConfig(hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=nh,
+                           num_kv_heads=nkv, head_dim=d, rms_norm_eps=1e-6, rope_theta=1e6,
+                           max_position_embeddings=64, vocab_size=16)
+    torch.manual_seed(seed)
+    stack = DecoderStack(cfg)
+    with torch.no_grad():
+        for p in stack.parameters():
+            torch.nn.init.normal_(p, 1.0 if p.ndim == 1 else 0.0, 0.1 if p.ndim == 1 else hidden ** -0.5)
+    return FusedStack(stack.to(device=device, dtype=dtype))
+
+
+@torch.no_grad()
+def check_predictor_pass(device, dtype, rows, positions=3, vocab=64, seed=0, **launch):
+    """The persistent pass against the per-layer torch path over positions 0.. (position 0 fills the
+    cache only, as in a frame): logits and both caches. Returns the lowest logits cosine seen."""
+    from ..model.kv_cache import KVCache
+    from . import predictor_pass as kp
+
+    size = {k: launch.pop(k) for k in ("hidden", "inter", "layers", "nh", "nkv", "d") if k in launch}
+    fs = predictor_stack(device, dtype, seed=seed, **size)
+    run = kp.PredictorPass(fs, **launch)
+    f0 = fs.layers[0]
+    hidden, layers = f0.layer.input_layernorm.weight.shape[0], len(fs.layers)
+    head = _rand((vocab, hidden), dtype, device, seed + 1, hidden ** -0.5)
+    want_c, got_c = (KVCache(layers, rows, f0.nkv, 16, f0.d, dtype, device) for _ in range(2))
+    cosine = 1.0
+    for t in range(positions):
+        x = _rand((rows, 1, hidden), dtype, device, seed + 10 + t)
+        pos = torch.tensor([t], device=device)
+        rope = fs.rope(pos, dtype)
+        bias = torch.where(torch.arange(16, device=device) <= t, 0.0, float("-inf")).to(dtype)
+        what = f"predictor pass {dtype} rows={rows} position {t}"
+        if t == 0:
+            kp.reference(fs, x, want_c, pos, bias, rope)
+            assert run(x, got_c, pos, bias, rope, fill_only=True) is None
+        else:
+            want = kp.reference(fs, x, want_c, pos, bias, rope, head)
+            got = run(x, got_c, pos, bias, rope, head)
+            _close(got, want, PASS_TOL[dtype], what + " logits")
+            cos = torch.nn.functional.cosine_similarity(got.double().flatten(), want.double().flatten(), dim=0)
+            cosine = min(cosine, float(cos))
+        for i in range(layers):
+            _close(got_c.k[i][:, :, : t + 1], want_c.k[i][:, :, : t + 1], PASS_TOL[dtype], f"{what} k cache {i}")
+            _close(got_c.v[i][:, :, : t + 1], want_c.v[i][:, :, : t + 1], PASS_TOL[dtype], f"{what} v cache {i}")
+        assert run.barrier.tolist() == [0, 0], "the barrier re-arms itself after every launch"
+    return cosine
