@@ -7,8 +7,8 @@ and the opt-in predictor_pass kernel, then
   * fp32: greedy codes of the graphed engine (persistent pass) against the plain eager runner over
     --frames frames (must be identical);
   * bf16, for each row count: the whole-frame graph replayed 200 times with the predictor pass per-layer
-    (what main runs), persistent with the L2 prefetch, and persistent without it, recapturing between
-    them; kernels per frame (profiled eager frame body) and weight bandwidth (weight bytes one frame reads
+    (what main runs) and persistent (4 or 8 warps a program, with or without the L2 prefetch),
+    recapturing between them; kernels per frame (profiled eager frame body) and weight bandwidth (weight bytes one frame reads
     / frame time).
 Writes DIR/predictor_pass_<size>.json and prints a table.
 """
@@ -62,6 +62,12 @@ def fp32_parity(ckpt, frames: int, takes: int) -> dict:
     return out
 
 
+VARIANTS = (("per-layer (main)", None), ("persistent, 4 warps, L2 prefetch", {"prefetch": True}),
+            ("persistent, 8 warps, L2 prefetch", {"prefetch": True, "num_warps": 8}),
+            ("persistent, 8 warps, no prefetch", {"prefetch": False, "num_warps": 8}),
+            ("per-layer again", None))
+
+
 def speed(ckpt, takes_list, size) -> list:
     from gpu_bench import TEXT
     from profile_frame import frame_ms, kernel_table
@@ -76,12 +82,12 @@ def speed(ckpt, takes_list, size) -> list:
     rows = []
     for takes in takes_list:
         eng.generate(req, takes=takes, seed=0, params=eng.defaults.replace(max_new_tokens=64))
-        for name, persistent in (("per-layer (main)", False), ("persistent + L2 prefetch", True),
-                                 ("persistent, no prefetch", "noprefetch"), ("per-layer again", False)):
-            fs.persistent = False if persistent is False else PredictorPass(fs, prefetch=persistent is True)
+        for name, launch in VARIANTS:
+            fs.persistent = False if launch is None else PredictorPass(fs, **launch)
             eng.runner.graphs.clear()
-            ms = min(frame_ms(eng.runner) for _ in range(3))
-            count = sum(r["count"] for r in kernel_table(eng))
+            with torch.inference_mode():  # the state of a bucket first opened by a request holds inference tensors
+                ms = min(frame_ms(eng.runner) for _ in range(3))
+                count = sum(r["count"] for r in kernel_table(eng))
             grid = sorted(set(fs.persistent.grids.values())) if fs.persistent else None
             row = {"size": size, "takes": takes, "variant": name, "ms_per_frame": round(ms, 3),
                    "kernels_per_frame": count, "weight_GB_per_frame": round(wbytes / 1e9, 3),

@@ -80,42 +80,45 @@ def _kernel():
         tl.debug_barrier()
 
     @triton.jit
-    def _prefetch(w_ptr, pid, grid, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, ES: tl.constexpr):
+    def _prefetch(w_ptr, pid, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, SUB: tl.constexpr,
+                  ES: tl.constexpr):
         """Ask L2 for this program's weight rows of the next matmul (one prefetch per 128-byte line)."""
-        LINES: tl.constexpr = BN * K * ES // 128
+        LINES: tl.constexpr = SUB * BN * K * ES // 128
         STEP: tl.constexpr = 128 // ES
-        for t in range(pid, N // BN, grid):
-            for c in range(0, LINES, 256):
-                line = tl.minimum(c + tl.arange(0, 256), LINES - 1)
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                          [w_ptr + t * BN * K + line * STEP], dtype=tl.int32, is_pure=False,
-                                          pack=1)
+        first = pid * SUB * BN * K
+        for c in tl.static_range(0, LINES, 256):
+            line = c + tl.arange(0, 256)
+            off = tl.minimum(first + line * STEP, N * K - STEP)  # the last program's rows end early
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [w_ptr + off],
+                                      dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
-    def _gemv(x_ptr, sx, w_ptr, y_ptr, sy, res_ptr, sr, nw_ptr, M, eps, pid, grid,
-              N: tl.constexpr, K: tl.constexpr, PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr,
+    def _gemv(x_ptr, sx, w_ptr, y_ptr, sy, res_ptr, sr, nw_ptr, M, eps, pid,
+              N: tl.constexpr, K: tl.constexpr, PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, SUB: tl.constexpr,
               BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
               USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr):
-        """y[:, tiles of this program] = [res +] prologue(x) @ W^T; activations read past L1 (.cg): other
-        programs wrote them in this launch."""
+        """y[:, this program's SUB x BN columns] = [res +] prologue(x) @ W^T. Every loop is unrolled, so all
+        of the program's weight loads are independent and in flight together (one latency, not one per
+        tile). Activations are read past L1 (.cg): other programs wrote them in this launch."""
         dt = y_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         m_ok = rm < M
         rinv = tl.zeros([BLOCK_M], tl.float32)
         if PROLOGUE == 1:
             ss = tl.zeros([BLOCK_M], tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in tl.static_range(0, K, BK):
                 rk = k0 + tl.arange(0, BK)
                 xv = tl.load(x_ptr + rm[:, None] * sx + rk[None, :], mask=m_ok[:, None], other=0.0,
                              cache_modifier=".cg").to(tl.float32)
                 ss += tl.sum(xv * xv, axis=1)
             rinv = tl.rsqrt(ss / K + eps)
-        for t in range(pid, N // BN, grid):
-            rn = t * BN + tl.arange(0, BN)
+        for sub in tl.static_range(SUB):
+            rn = (pid * SUB + sub) * BN + tl.arange(0, BN)
+            n_ok = rn < N
             acc = tl.zeros([BLOCK_M, BN], tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in tl.static_range(0, K, BK):
                 rk = k0 + tl.arange(0, BK)
-                w = tl.load(w_ptr + rn[:, None] * K + rk[None, :])
+                w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=n_ok[:, None], other=0.0)
                 xp = x_ptr + rm[:, None] * sx + rk[None, :]
                 if PROLOGUE == 2:
                     g = tl.load(xp, mask=m_ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -127,10 +130,11 @@ def _kernel():
                     if PROLOGUE == 1:
                         a = _rms_apply(a, rinv, nw_ptr, rk, rk < K, dt, EMULATE_RNE)
                 acc = _mma(acc, a, w, USE_DOT, IEEE)
+            out_ok = m_ok[:, None] & n_ok[None, :]
             if RESIDUAL:
-                acc += tl.load(res_ptr + rm[:, None] * sr + rn[None, :], mask=m_ok[:, None], other=0.0,
+                acc += tl.load(res_ptr + rm[:, None] * sr + rn[None, :], mask=out_ok, other=0.0,
                                cache_modifier=".cg").to(tl.float32)
-            tl.store(y_ptr + rm[:, None] * sy + rn[None, :], _round(acc, dt, EMULATE_RNE), mask=m_ok[:, None])
+            tl.store(y_ptr + rm[:, None] * sy + rn[None, :], _round(acc, dt, EMULATE_RNE), mask=out_ok)
 
     @triton.jit
     def _norm_rope(row_ptr, w_ptr, heads, ok, cols, rot, c, s, eps, D: tl.constexpr, dt: tl.constexpr,
@@ -196,7 +200,8 @@ def _kernel():
             HEAD: tl.constexpr, FILL_ONLY: tl.constexpr,
             BLOCK_M: tl.constexpr, BN_W: tl.constexpr, BK_W: tl.constexpr, BN_N: tl.constexpr,
             BK_N: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr,
-            PREFETCH: tl.constexpr, ES: tl.constexpr):
+            PREFETCH: tl.constexpr, ES: tl.constexpr, SUB_QKV: tl.constexpr, SUB_O: tl.constexpr,
+            SUB_GU: tl.constexpr, SUB_D: tl.constexpr, SUB_HEAD: tl.constexpr):
         pid = tl.program_id(0)
         grid = tl.num_programs(0)
         QKV: tl.constexpr = (NH + 2 * NKV) * D
@@ -215,41 +220,41 @@ def _kernel():
             n_qk = base_ptr + tl.load(tab + 6)
             kc = base_ptr + tl.multiple_of(tl.load(tab + 7), 8)
             vc = base_ptr + tl.multiple_of(tl.load(tab + 8), 8)
-            _gemv(src, H, w_qkv, qkv_ptr, QKV, src, H, n_in, M, eps, pid, grid, QKV, H, 1, False,
+            _gemv(src, H, w_qkv, qkv_ptr, QKV, src, H, n_in, M, eps, pid, QKV, H, 1, False, SUB_QKV,
                   BLOCK_M, BN_W, BK_W, USE_DOT, IEEE, EMULATE_RNE)
             k += 1
             _sync(bar_ptr, k * grid)
             _attend(qkv_ptr, att_ptr, kc, vc, n_qk, cos_ptr, sin_ptr, bias_ptr, pos, M, qk_eps, scale, pid, grid,
                     NH, NKV, D, S, GP, EMULATE_RNE)
             if PREFETCH:
-                _prefetch(w_o, pid, grid, H, A, BN_N, ES)
+                _prefetch(w_o, pid, H, A, BN_N, SUB_O, ES)
             k += 1
             _sync(bar_ptr, k * grid)
             if (not FILL_ONLY) or layer < L - 1:  # a cache-filling pass stops after the last cache write
-                _gemv(att_ptr, A, w_o, mid_ptr, H, src, H, n_in, M, eps, pid, grid, H, A, 0, True,
+                _gemv(att_ptr, A, w_o, mid_ptr, H, src, H, n_in, M, eps, pid, H, A, 0, True, SUB_O,
                       BLOCK_M, BN_N, BK_N, USE_DOT, IEEE, EMULATE_RNE)
                 if PREFETCH:
-                    _prefetch(w_gu, pid, grid, 2 * INTER, H, BN_W, ES)
+                    _prefetch(w_gu, pid, 2 * INTER, H, BN_W, SUB_GU, ES)
                 k += 1
                 _sync(bar_ptr, k * grid)
-                _gemv(mid_ptr, H, w_gu, gu_ptr, 2 * INTER, mid_ptr, H, n_post, M, eps, pid, grid, 2 * INTER, H, 1,
-                      False, BLOCK_M, BN_W, BK_W, USE_DOT, IEEE, EMULATE_RNE)
+                _gemv(mid_ptr, H, w_gu, gu_ptr, 2 * INTER, mid_ptr, H, n_post, M, eps, pid, 2 * INTER, H, 1,
+                      False, SUB_GU, BLOCK_M, BN_W, BK_W, USE_DOT, IEEE, EMULATE_RNE)
                 if PREFETCH:
-                    _prefetch(w_d, pid, grid, H, INTER, BN_N, ES)
+                    _prefetch(w_d, pid, H, INTER, BN_N, SUB_D, ES)
                 k += 1
                 _sync(bar_ptr, k * grid)
-                _gemv(gu_ptr, 2 * INTER, w_d, xa_ptr, H, mid_ptr, H, n_in, M, eps, pid, grid, H, INTER, 2, True,
+                _gemv(gu_ptr, 2 * INTER, w_d, xa_ptr, H, mid_ptr, H, n_in, M, eps, pid, H, INTER, 2, True, SUB_D,
                       BLOCK_M, BN_N, BK_N, USE_DOT, IEEE, EMULATE_RNE)
                 if PREFETCH:
                     if layer + 1 < L:
-                        _prefetch(base_ptr + tl.multiple_of(tl.load(tab + 9), 8), pid, grid, QKV, H, BN_W, ES)
+                        _prefetch(base_ptr + tl.multiple_of(tl.load(tab + 9), 8), pid, QKV, H, BN_W, SUB_QKV, ES)
                     elif HEAD:
-                        _prefetch(head_ptr, pid, grid, V, H, BN_W, ES)
+                        _prefetch(head_ptr, pid, V, H, BN_W, SUB_HEAD, ES)
                 k += 1
                 _sync(bar_ptr, k * grid)
                 src = xa_ptr
         if HEAD:
-            _gemv(xa_ptr, H, head_ptr, out_ptr, V, xa_ptr, H, fnorm_ptr, M, eps, pid, grid, V, H, 1, False,
+            _gemv(xa_ptr, H, head_ptr, out_ptr, V, xa_ptr, H, fnorm_ptr, M, eps, pid, V, H, 1, False, SUB_HEAD,
                   BLOCK_M, BN_W, BK_W, USE_DOT, IEEE, EMULATE_RNE)
         # Count out; the last program out re-arms the barrier (everyone has passed every wait by then).
         done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
@@ -362,22 +367,33 @@ class PredictorPass:
                     HEAD=head, FILL_ONLY=bool(fill_only), IEEE=self.dtype == torch.float32 or interpreting(),
                     EMULATE_RNE=self.dtype == torch.bfloat16 and interpreting(), PREFETCH=self.prefetch,
                     ES=self.base.element_size(), num_warps=self.num_warps, **t)
-        grid = self.grid(args, meta)
+        grid = self.grid(args, meta, {"SUB_QKV": wide, "SUB_O": self.hidden, "SUB_GU": 2 * self.inter,
+                                      "SUB_D": self.hidden, "SUB_HEAD": vocab})
         _kernel()[(grid,)](*args, **meta)
         if fill_only:
             return None
         return out if head else xa.view(b, 1, self.hidden)
 
-    def grid(self, args, meta) -> int:
-        """Programs for this launch: never more than can be resident at once (see the module doc)."""
+    def grid(self, args, meta, widths) -> int:
+        """Programs for this launch, never more than can be resident at once (see the module doc); sets
+        each phase's SUB (column tiles per program) in `meta`. The grid is one program per SM: the
+        weights stream at HBM speed either way, and fewer programs make cheaper barriers."""
         if self.grid_override is not None or interpreting():
-            return self.grid_override or 1
-        key = tuple(sorted((k, v) for k, v in meta.items()))
-        if key not in self.grids:
-            compiled = _kernel().warmup(*args, grid=(1,), **meta)
-            compiled._init_handles()  # loads the binary: n_regs is known from here
-            self.grids[key] = resident_programs(compiled, self.device, meta["num_warps"])
-        return self.grids[key]
+            grid = self.grid_override or 1
+        else:
+            grid = torch.cuda.get_device_properties(self.device).multi_processor_count
+        for name, n in widths.items():
+            bn = meta["BN_N"] if name in ("SUB_O", "SUB_D") else meta["BN_W"]
+            meta[name] = -(-(n // bn) // grid)
+        if not interpreting():
+            key = tuple(sorted(meta.items()))
+            if key not in self.grids:
+                compiled = _kernel().warmup(*args, grid=(grid,), **meta)
+                compiled._init_handles()  # loads the binary: n_regs is known from here
+                self.grids[key] = resident_programs(compiled, self.device, meta["num_warps"])
+            if self.grids[key] < grid:
+                raise NotResidentError(f"{grid} programs but only {self.grids[key]} can be resident at once")
+        return grid
 
 
 class NotResidentError(RuntimeError):
