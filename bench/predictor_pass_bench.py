@@ -7,8 +7,7 @@ and the opt-in predictor_pass kernel, then
   * fp32: greedy codes of the graphed engine (persistent pass) against the plain eager runner over
     --frames frames (must be identical);
   * bf16, for each row count: the whole-frame graph replayed 200 times with the predictor pass per-layer
-    (what main runs) and persistent (4 or 8 warps a program, with or without the L2 prefetch),
-    recapturing between them; kernels per frame (profiled eager frame body) and weight bandwidth (weight bytes one frame reads
+    (what main runs) and persistent, recapturing between them; kernels per frame (profiled eager frame body) and weight bandwidth (weight bytes one frame reads
     / frame time).
 Writes DIR/predictor_pass_<size>.json and prints a table.
 """
@@ -62,10 +61,7 @@ def fp32_parity(ckpt, frames: int, takes: int) -> dict:
     return out
 
 
-VARIANTS = (("per-layer (main)", None), ("persistent, 4 warps, L2 prefetch", {"prefetch": True}),
-            ("persistent, 8 warps, L2 prefetch", {"prefetch": True, "num_warps": 8}),
-            ("persistent, 8 warps, no prefetch", {"prefetch": False, "num_warps": 8}),
-            ("per-layer again", None))
+VARIANTS = (("per-layer (main)", None), ("persistent (8 warps, L2 prefetch)", {}), ("per-layer again", None))
 
 
 def speed(ckpt, takes_list, size) -> list:
@@ -112,6 +108,12 @@ def main() -> None:
     ckpt = checkpoint(args.size)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "size": args.size}
+    from engine.kernels import selftest
+
+    real = {"hidden": 1024, "inter": 3072, "layers": 5, "nh": 16, "nkv": 8, "d": 128}
+    result["bf16_logits_cosine"] = {rows: selftest.check_predictor_pass("cuda", torch.bfloat16, rows, positions=16,
+                                                                        vocab=2048, **real) for rows in (1, 16)}
+    print("bf16 logits cosine (real predictor size, 16 positions):", result["bf16_logits_cosine"], flush=True)
     result["speed"] = speed(ckpt, args.takes, args.size)
     if not args.skip_parity:
         result["fp32_parity"] = fp32_parity(ckpt, args.frames, 1)

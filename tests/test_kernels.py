@@ -266,6 +266,7 @@ def test_predictor_pass_falls_back_with_one_warning(monkeypatch, caplog):
     pos = torch.tensor([0])
     bias = torch.zeros(16)
     for _ in range(2):
-        fs.predictor_pass(torch.randn(1, 1, 128), cache, pos, bias, fs.rope(pos, torch.float32))
+        fs.predictor_pass(torch.randn(1, 1, 128), cache, pos, bias, fs.rope(pos, torch.float32),
+                          torch.randn(64, 128), fill_only=True)
     assert fs.persistent is False
     assert sum("predictor_pass kernel off" in r.message for r in caplog.records) == 1

@@ -123,7 +123,8 @@ def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_embed, choose
     inside each head's matmul; position 0 only fills the cache, so it skips norm and head."""
     pred = talker.code_predictor
     proj = _projector(talker, fused.ks)
-    fused.predictor_pass(proj(s.hidden[:, None]), s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0])
+    fused.predictor_pass(proj(s.hidden[:, None]), s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0],
+                         pred.lm_head[0].weight, fill_only=True)
     x = proj(c0_embed[:, None])
     codes = []
     for j in range(1, pred.num_groups + 1):

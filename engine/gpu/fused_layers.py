@@ -138,22 +138,22 @@ class FusedStack:
         norm = self.stack.norm
         return self.ks.linear(x, weight, prologue="rms_norm", norm_weight=norm.weight, eps=norm.eps)
 
-    def predictor_pass(self, x, cache, pos, bias, rope, head_weight=None):
-        """One whole pass over the layers: logits [B, V] of head_weight after the final norm, or, without a
-        head, only the cache writes (returns None). One persistent launch when the predictor_pass kernel
-        is active (engine/kernels/predictor_pass.py), else the per-layer steps and the head."""
+    def predictor_pass(self, x, cache, pos, bias, rope, head_weight, fill_only=False):
+        """One whole pass over the layers: logits [B, V] of head_weight after the final norm, or, when
+        fill_only, only the cache writes (returns None). One persistent launch when the predictor_pass
+        kernel is active (engine/kernels/predictor_pass.py), else the per-layer steps and the head."""
         run = self._persistent_pass()
         if run:
             from ..kernels._util import ContractError
             from ..kernels.predictor_pass import NotResidentError
 
             try:
-                return run(x, cache, pos, bias, rope, head_weight, fill_only=head_weight is None)
+                return run(x, cache, pos, bias, rope, head_weight, fill_only)
             except (NotResidentError, ContractError) as exc:  # before capture: the warm-up call meets it
                 log.warning("predictor_pass kernel off, the per-layer kernels run instead: %s", exc)
                 self.persistent = False
         h = self.step(x, cache, pos, bias, rope, final_norm=False)
-        return None if head_weight is None else self.head(h[:, -1], head_weight)
+        return None if fill_only else self.head(h[:, -1], head_weight)
 
     def _persistent_pass(self):
         if self.persistent is None and "predictor_pass" in self.ks.active:

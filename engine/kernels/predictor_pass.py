@@ -44,15 +44,15 @@ ENTRIES = 9  # per layer in the address table: qkv, o, gate_up, down, in_norm, p
 MAX_ROWS = 16
 
 
-def reference(stack, x, cache, pos, bias, rope, head_weight=None):
+def reference(stack, x, cache, pos, bias, rope, head_weight, fill_only=False):
     """The per-layer torch path: x [B, 1, H] -> logits [B, V] of head_weight (after the final norm), or
-    the hidden state before the final norm [B, 1, H] when head_weight is None. Writes the caches."""
+    None when fill_only (the caches are written either way)."""
     from ..gpu.fused_layers import NO_KERNELS
 
     ks, stack.ks = stack.ks, NO_KERNELS
     try:
         h = stack.step(x, cache, pos, bias, rope, final_norm=False)
-        return h if head_weight is None else stack.head(h[:, -1], head_weight)
+        return None if fill_only else stack.head(h[:, -1], head_weight)
     finally:
         stack.ks = ks
 
@@ -194,10 +194,9 @@ def _kernel():
     @triton.jit
     def predictor_pass_kernel(
             x_ptr, out_ptr, base_ptr, tab_ptr, head_ptr, fnorm_ptr, cos_ptr, sin_ptr, bias_ptr, pos_ptr,
-            xa_ptr, mid_ptr, qkv_ptr, att_ptr, gu_ptr, bar_ptr, M, eps, qk_eps, scale,
+            xa_ptr, mid_ptr, qkv_ptr, att_ptr, gu_ptr, bar_ptr, M, fill_only, eps, qk_eps, scale,
             H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
             V: tl.constexpr, S: tl.constexpr, L: tl.constexpr, GP: tl.constexpr,
-            HEAD: tl.constexpr, FILL_ONLY: tl.constexpr,
             BLOCK_M: tl.constexpr, BN_W: tl.constexpr, BK_W: tl.constexpr, BN_N: tl.constexpr,
             BK_N: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr,
             PREFETCH: tl.constexpr, ES: tl.constexpr, SUB_QKV: tl.constexpr, SUB_O: tl.constexpr,
@@ -230,7 +229,7 @@ def _kernel():
                 _prefetch(w_o, pid, H, A, BN_N, SUB_O, ES)
             k += 1
             _sync(bar_ptr, k * grid)
-            if (not FILL_ONLY) or layer < L - 1:  # a cache-filling pass stops after the last cache write
+            if fill_only == 0 or layer < L - 1:  # a cache-filling pass stops after the last cache write
                 _gemv(att_ptr, A, w_o, mid_ptr, H, src, H, n_in, M, eps, pid, H, A, 0, True, SUB_O,
                       BLOCK_M, BN_N, BK_N, USE_DOT, IEEE, EMULATE_RNE)
                 if PREFETCH:
@@ -248,12 +247,12 @@ def _kernel():
                 if PREFETCH:
                     if layer + 1 < L:
                         _prefetch(base_ptr + tl.multiple_of(tl.load(tab + 9), 8), pid, QKV, H, BN_W, SUB_QKV, ES)
-                    elif HEAD:
+                    else:
                         _prefetch(head_ptr, pid, V, H, BN_W, SUB_HEAD, ES)
                 k += 1
                 _sync(bar_ptr, k * grid)
                 src = xa_ptr
-        if HEAD:
+        if fill_only == 0:
             _gemv(xa_ptr, H, head_ptr, out_ptr, V, xa_ptr, H, fnorm_ptr, M, eps, pid, V, H, 1, False, SUB_HEAD,
                   BLOCK_M, BN_W, BK_W, USE_DOT, IEEE, EMULATE_RNE)
         # Count out; the last program out re-arms the barrier (everyone has passed every wait by then).
@@ -273,15 +272,15 @@ def _largest_pow2_dividing(n: int, at_most: int) -> int:
 
 
 def tiles(m: int, hidden: int, wide_n: int, narrow_k: int) -> dict:
-    """Tile shapes (pure Python): up to 2 rows FMAs over [rows, BN, BK] (8192-element tiles), above that
+    """Tile shapes (pure Python): up to 2 rows FMAs over [rows, BN, BK] (16384-element tiles), above that
     tensor cores with rows padded to 16. Wide phases (qkv, gate/up, head) and narrow ones (o, down: N =
     hidden) get their own BN so both spread over ~128 programs."""
     use_dot = m > 2
     bn_w, bn_n = (16, 16) if use_dot else (16, 8)
     bn_n = min(bn_n, _largest_pow2_dividing(hidden, bn_n))
     bn_w = min(bn_w, _largest_pow2_dividing(wide_n, bn_w))
-    bk_w = _largest_pow2_dividing(hidden, 256 if use_dot else 8192 // bn_w)
-    bk_n = _largest_pow2_dividing(narrow_k, 256 if use_dot else 8192 // bn_n)
+    bk_w = _largest_pow2_dividing(hidden, 256 if use_dot else 16384 // bn_w)
+    bk_n = _largest_pow2_dividing(narrow_k, 256 if use_dot else 16384 // bn_n)
     return {"BLOCK_M": max(16, next_pow2(m)) if use_dot else next_pow2(m), "USE_DOT": use_dot,
             "BN_W": bn_w, "BN_N": bn_n, "BK_W": bk_w, "BK_N": bk_n}
 
@@ -289,7 +288,7 @@ def tiles(m: int, hidden: int, wide_n: int, narrow_k: int) -> dict:
 class PredictorPass:
     """Launcher of one FusedStack's persistent pass (its address tables, workspaces and barrier)."""
 
-    def __init__(self, stack, grid: int | None = None, prefetch: bool | None = None, num_warps: int = 4):
+    def __init__(self, stack, grid: int | None = None, prefetch: bool | None = None, num_warps: int = 8):
         layers = stack.layers
         f0 = layers[0]
         self.stack = stack
@@ -338,9 +337,10 @@ class PredictorPass:
             self.work[m] = [buf(self.hidden), buf(self.hidden), buf(qkv_n), buf(self.nh * self.d), buf(2 * self.inter)]
         return self.work[m]
 
-    def __call__(self, x, cache, pos, bias, rope, head_weight=None, fill_only=False):
-        """Same contract as `reference` (fill_only: a pass whose output nobody reads; it returns None and
-        skips the last layer's work after its cache write)."""
+    def __call__(self, x, cache, pos, bias, rope, head_weight, fill_only=False):
+        """Same contract as `reference`. fill_only: a pass whose output nobody reads (the frame's position
+        0): it skips the last layer's work after its cache write and the head, and returns None. The head
+        weight is passed either way, so both kinds of pass run one compiled kernel."""
         b = x.shape[0]
         x2 = x.reshape(b, -1)
         require(1 <= b <= MAX_ROWS and x2.shape[1] == self.hidden and x2.is_contiguous(),
@@ -349,30 +349,28 @@ class PredictorPass:
         require(cos.shape[0] == 1 and pos.numel() == 1 and bias.numel() == cache.max_len,
                 "one position for every row, bias over the whole cache window")
         require(cache.max_len == next_pow2(cache.max_len), "power-of-two predictor cache")
-        head = fill_only is False and head_weight is not None
-        vocab = head_weight.shape[0] if head else 16
+        require(head_weight.is_contiguous() and head_weight.dtype == self.dtype, "a contiguous head weight")
+        vocab = head_weight.shape[0]
         wide = (self.nh + 2 * self.nkv) * self.d
         # One BK for o_proj and down_proj: it must divide both K (their gcd).
         t = tiles(b, self.hidden, math.gcd(wide, 2 * self.inter, vocab), math.gcd(self.nh * self.d, self.inter))
         require(t["USE_DOT"] is False or min(t["BN_W"], t["BN_N"], t["BK_W"], t["BK_N"]) >= 16,
                 "tensor-core tiles of at least 16")
         xa, mid, qkv, att, gu = self._workspace(b)
-        out = torch.empty(b, vocab, dtype=self.dtype, device=self.device) if head else xa
+        out = torch.empty(b, vocab, dtype=self.dtype, device=self.device)
         norm = self.stack.stack.norm
-        args = (x2, out, self.base, self._table(cache), head_weight if head else self.base, norm.weight,
+        args = (x2, out, self.base, self._table(cache), head_weight, norm.weight,
                 cos.contiguous(), sin_signed.contiguous(), bias.reshape(-1), pos.reshape(-1), xa, mid, qkv, att,
-                gu, self.barrier, b, float(self.eps), float(self.qk_eps), float(self.scale))
+                gu, self.barrier, b, int(bool(fill_only)), float(self.eps), float(self.qk_eps), float(self.scale))
         meta = dict(H=self.hidden, NH=self.nh, NKV=self.nkv, D=self.d, INTER=self.inter, V=vocab,
                     S=cache.max_len, L=len(self.stack.layers), GP=max(2, next_pow2(self.nh // self.nkv)),
-                    HEAD=head, FILL_ONLY=bool(fill_only), IEEE=self.dtype == torch.float32 or interpreting(),
+                    IEEE=self.dtype == torch.float32 or interpreting(),
                     EMULATE_RNE=self.dtype == torch.bfloat16 and interpreting(), PREFETCH=self.prefetch,
                     ES=self.base.element_size(), num_warps=self.num_warps, **t)
         grid = self.grid(args, meta, {"SUB_QKV": wide, "SUB_O": self.hidden, "SUB_GU": 2 * self.inter,
                                       "SUB_D": self.hidden, "SUB_HEAD": vocab})
         _kernel()[(grid,)](*args, **meta)
-        if fill_only:
-            return None
-        return out if head else xa.view(b, 1, self.hidden)
+        return None if fill_only else out
 
     def grid(self, args, meta, widths) -> int:
         """Programs for this launch, never more than can be resident at once (see the module doc); sets

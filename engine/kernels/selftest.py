@@ -339,8 +339,8 @@ def check_predictor_pass(device, dtype, rows, positions=3, vocab=64, seed=0, **l
         bias = torch.where(torch.arange(16, device=device) <= t, 0.0, float("-inf")).to(dtype)
         what = f"predictor pass {dtype} rows={rows} position {t}"
         if t == 0:
-            kp.reference(fs, x, want_c, pos, bias, rope)
-            assert run(x, got_c, pos, bias, rope, fill_only=True) is None
+            kp.reference(fs, x, want_c, pos, bias, rope, head, fill_only=True)
+            assert run(x, got_c, pos, bias, rope, head, fill_only=True) is None
         else:
             want = kp.reference(fs, x, want_c, pos, bias, rope, head)
             got = run(x, got_c, pos, bias, rope, head)
