@@ -85,7 +85,7 @@ def speed(ckpt, takes_list, size) -> list:
     for takes in takes_list:
         eng.generate(req, takes=takes, seed=0, params=eng.defaults.replace(max_new_tokens=64))
         for name, launch in VARIANTS:
-            fs.persistent = False if launch is None else PredictorPass(fs, **launch)
+            fs.persistent = False if launch is None else PredictorPass(fs, max_rows=16, **launch)
             eng.runner.graphs.clear()
             with torch.inference_mode():  # the state of a bucket first opened by a request holds inference tensors
                 ms = min(frame_ms(eng.runner) for _ in range(3))

@@ -143,7 +143,7 @@ class FusedStack:
         fill_only, only the cache writes (returns None). One persistent launch when the predictor_pass
         kernel is active (engine/kernels/predictor_pass.py), else the per-layer steps and the head."""
         run = self._persistent_pass()
-        if run:
+        if run and x.shape[0] <= run.max_rows:
             from ..kernels._util import ContractError
             from ..kernels.predictor_pass import NotResidentError
 
