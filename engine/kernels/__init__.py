@@ -22,9 +22,9 @@ import os
 from ..errors import Qwen3TTSError
 
 NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "sample")
-# Opt-in kernels: known to Kernels, but "auto"/"on" pick them only when PREDICTOR_PASS_ENV is "1".
+# Opt-in kernels: known to Kernels, but "auto"/"on" pick them only when PERSISTENT_PREDICTOR_ENV is "1".
 OPTIONAL = ("predictor_pass",)  # the whole code-predictor pass as one persistent launch (predictor_pass.py)
-PREDICTOR_PASS_ENV = "QWEN3TTS_PREDICTOR_PASS"
+PERSISTENT_PREDICTOR_ENV = "QWEN3TTS_PREDICTOR_PASS"
 MODES = ("auto", "on", "off")
 
 
@@ -129,6 +129,6 @@ def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
         if mode == "on":
             raise KernelUnavailableError(f"kernels='on' but the Triton kernels cannot run: {why}")
         return Kernels(), f"triton kernels off (auto): {why}"
-    opted = OPTIONAL if os.environ.get(PREDICTOR_PASS_ENV, "0") == "1" else ()
+    opted = OPTIONAL if os.environ.get(PERSISTENT_PREDICTOR_ENV, "0") == "1" else ()
     ks = Kernels(NAMES + opted)
     return ks, f"triton kernels on ({why}): {', '.join(ks.active)}"

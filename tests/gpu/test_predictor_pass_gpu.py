@@ -56,7 +56,7 @@ def test_grid_is_resident_and_barrier_holds_many_replays():
 
 @pytest.mark.parametrize("takes", [1, 3])
 def test_fp32_greedy_engine_equals_eager(tiny_checkpoints, monkeypatch, takes):
-    monkeypatch.setenv(kernels.PREDICTOR_PASS_ENV, "1")
+    monkeypatch.setenv(kernels.PERSISTENT_PREDICTOR_ENV, "1")
     eng = Engine.load(tiny_checkpoints["custom_voice"], device="cuda", dtype="fp32", cuda_graphs="on",
                       triton="on", max_seq_len=512)
     assert "predictor_pass" in eng.info.kernels
