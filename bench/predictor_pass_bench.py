@@ -7,8 +7,8 @@ and the opt-in predictor_pass kernel, then
   * fp32: greedy codes of the graphed engine (persistent pass) against the plain eager runner over
     --frames frames (must be identical);
   * bf16, for each row count: the whole-frame graph replayed 200 times with the predictor pass per-layer
-    (what main runs) and persistent, recapturing between them; kernels per frame (profiled eager frame body) and weight bandwidth (weight bytes one frame reads
-    / frame time).
+    (what main runs) and persistent, recapturing between them; kernels per frame (profiled eager frame
+    body) and weight bandwidth (weight bytes one frame reads / frame time).
 Writes DIR/predictor_pass_<size>.json and prints a table.
 """
 from __future__ import annotations
@@ -107,15 +107,15 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()
-    os.environ["QWEN3TTS_PREDICTOR_PASS"] = "1"
+    from engine.kernels import PERSISTENT_PREDICTOR_ENV, selftest
+
+    os.environ[PERSISTENT_PREDICTOR_ENV] = "1"
     import triton
     from gpu_bench import checkpoint
 
     ckpt = checkpoint(args.size)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "size": args.size}
-    from engine.kernels import selftest
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -127,12 +127,11 @@ def main() -> None:
     for takes in args.takes:
         result["speed"] += speed(ckpt, [takes], args.size)
         save()
-        rows = takes
         try:
-            result["bf16_logits_cosine"][rows] = selftest.check_predictor_pass(
-                "cuda", torch.bfloat16, rows, positions=16, vocab=2048, **real)
+            result["bf16_logits_cosine"][takes] = selftest.check_predictor_pass(
+                "cuda", torch.bfloat16, takes, positions=16, vocab=2048, **real)
         except AssertionError as exc:
-            result["bf16_logits_cosine"][rows] = f"failed: {exc}"
+            result["bf16_logits_cosine"][takes] = f"failed: {exc}"
         print("bf16 logits cosine (real predictor size, 16 positions):", result["bf16_logits_cosine"], flush=True)
         save()
     if not args.skip_parity:

@@ -184,19 +184,7 @@ def test_sample_distribution_chi_square():
 def test_layer_step_matches_fused_layer(dtype):
     """FusedLayer.step with every kernel on == the same step with every op as its torch reference
     (a small random layer, 3 tokens)."""
-    from engine.config import LayerStackConfig
-    from engine.gpu.fused_layers import FusedStack
-    from engine.model.layers import DecoderStack
-
-    cfg = LayerStackConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
-                           head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=64,
-                           vocab_size=16)
-    torch.manual_seed(0)
-    stack = DecoderStack(cfg)
-    for p in stack.parameters():
-        torch.nn.init.normal_(p, 1.0 if p.ndim == 1 else 0.0, 0.1 if p.ndim == 1 else 0.08)
-    stack = stack.to(dtype)
-    fs = FusedStack(stack)
+    fs = st.predictor_stack(DEV, dtype, layers=1, rope_theta=10000.0, std=0.08)
     fl = fs.layers[0]
     ks = kernels.Kernels(kernels.NAMES)
     caches = [torch.zeros(2, 2, 8, 32, dtype=dtype) for _ in range(4)]
@@ -216,19 +204,7 @@ def test_layer_step_matches_fused_layer(dtype):
 def test_layer_prefill_matches_fused_layer(dtype):
     """FusedLayer.prefill with every kernel on == the same prefill with every op as its torch reference
     (a small random layer, 6 tokens)."""
-    from engine.config import LayerStackConfig
-    from engine.gpu.fused_layers import FusedStack
-    from engine.model.layers import DecoderStack
-
-    cfg = LayerStackConfig(hidden_size=128, intermediate_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
-                           head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=64,
-                           vocab_size=16)
-    torch.manual_seed(0)
-    stack = DecoderStack(cfg)
-    for p in stack.parameters():
-        torch.nn.init.normal_(p, 1.0 if p.ndim == 1 else 0.0, 0.1 if p.ndim == 1 else 0.08)
-    stack = stack.to(dtype)
-    fs = FusedStack(stack)
+    fs = st.predictor_stack(DEV, dtype, layers=1, rope_theta=10000.0, std=0.08)
     fl = fs.layers[0]
     caches = [torch.zeros(1, 2, 8, 32, dtype=dtype) for _ in range(4)]
     x = torch.randn(6, 128, generator=torch.Generator().manual_seed(1)).to(dtype)

@@ -16,8 +16,9 @@ path. Per layer and token:
 With Triton that is 6 launches (engine/kernels/linear.py fuses the norms, SwiGLU and residuals into the
 matmuls); in torch about 20. `prefill` runs a fresh prompt's T tokens the same way with ~10 launches a
 layer (cuBLAS matmuls, which win at T rows; one-launch norms and q/k norm + RoPE + cache write; the
-residuals added in the matmuls' epilogues) instead of ~53 op by op. Numerics follow engine/model/layers.py: RMSNorm normalises in fp32, casts
-back, then scales; RoPE tables come in the activation dtype; softmax runs in fp32.
+residuals added in the matmuls' epilogues) instead of ~53 op by op. Numerics follow
+engine/model/layers.py: RMSNorm normalises in fp32, casts back, then scales; RoPE tables come in the
+activation dtype; softmax runs in fp32.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import Kernels
+from ..kernels._util import ContractError
+from ..kernels.predictor_pass import NotResidentError, PredictorPass
 from ..model.layers import DecoderLayer, DecoderStack
 
 NO_KERNELS = Kernels()  # every op runs as its torch reference
@@ -60,7 +63,6 @@ class FusedLayer:
         gu = ks.linear(x, self.gate_up, prologue="rms_norm", norm_weight=lay.post_attention_layernorm.weight,
                        eps=self.eps)
         return ks.linear(gu, lay.mlp.down_proj.weight, prologue="silu_mul", residual=x)
-
 
     def prefill(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache):
         """x [T, H] at positions 0..T-1 of a fresh prompt -> [T, H]; writes positions 0..T-1 of the batch-1
@@ -144,9 +146,6 @@ class FusedStack:
         kernel is active (engine/kernels/predictor_pass.py), else the per-layer steps and the head."""
         run = self._persistent_pass()
         if run and x.shape[0] <= run.max_rows:
-            from ..kernels._util import ContractError
-            from ..kernels.predictor_pass import NotResidentError
-
             try:
                 return run(x, cache, pos, bias, rope, head_weight, fill_only)
             except (NotResidentError, ContractError) as exc:  # before capture: the warm-up call meets it
@@ -157,7 +156,5 @@ class FusedStack:
 
     def _persistent_pass(self):
         if self.persistent is None and "predictor_pass" in self.ks.active:
-            from ..kernels.predictor_pass import PredictorPass
-
             self.persistent = PredictorPass(self)
         return self.persistent

@@ -302,20 +302,22 @@ SAMPLE_CASES = {
 PASS_TOL = {torch.float32: (2e-4, 2e-4), torch.bfloat16: (1.25e-1, 5e-2)}
 
 
-def predictor_stack(device, dtype, hidden=128, inter=256, layers=2, nh=4, nkv=2, d=32, seed=0):
-    """A random decoder stack (FusedStack) with the code predictor's structure, at any size."""
+def predictor_stack(device, dtype, hidden=128, inter=256, layers=2, nh=4, nkv=2, d=32, seed=0, rope_theta=1e6,
+                    std=None):
+    """A random decoder stack (FusedStack) with the code predictor's structure, at any size: norm weights
+    around 1, matrices N(0, std) (default hidden ** -0.5)."""
     from ..config import LayerStackConfig
     from ..gpu.fused_layers import FusedStack
     from ..model.layers import DecoderStack
 
     cfg = LayerStackConfig(hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=nh,
-                           num_kv_heads=nkv, head_dim=d, rms_norm_eps=1e-6, rope_theta=1e6,
+                           num_kv_heads=nkv, head_dim=d, rms_norm_eps=1e-6, rope_theta=rope_theta,
                            max_position_embeddings=64, vocab_size=16)
     torch.manual_seed(seed)
     stack = DecoderStack(cfg)
     with torch.no_grad():
         for p in stack.parameters():
-            torch.nn.init.normal_(p, 1.0 if p.ndim == 1 else 0.0, 0.1 if p.ndim == 1 else hidden ** -0.5)
+            torch.nn.init.normal_(p, 1.0 if p.ndim == 1 else 0.0, 0.1 if p.ndim == 1 else std or hidden ** -0.5)
     return FusedStack(stack.to(device=device, dtype=dtype))
 
 
