@@ -185,7 +185,7 @@ class GraphedFrames:
         if self.kernels and "attention" in self.kernels.active:
             # The Triton decode attention wins on the predictor's 16-position window but loses to cuBLAS at
             # talker windows of 256+ (bench/results/kernel_bench_bf16.json), so the talker keeps torch's.
-            talker_kernels = type(self.kernels)([n for n in self.kernels.active if n != "attention"])
+            talker_kernels = self.kernels.without("attention")
         self.fused = {"talker": FusedStack(talker.model, talker_kernels),
                       "predictor": FusedStack(talker.code_predictor.model, self.kernels)}
         self.max_seq_len = max_seq_len

@@ -25,6 +25,7 @@ NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "sample")
 # Opt-in kernels: known to Kernels, but "auto"/"on" pick them only when PERSISTENT_PREDICTOR_ENV is "1".
 OPTIONAL = ("predictor_pass",)  # the whole code-predictor pass as one persistent launch (predictor_pass.py)
 PERSISTENT_PREDICTOR_ENV = "QWEN3TTS_PREDICTOR_PASS"
+PDL_ENV = "QWEN3TTS_PDL"
 MODES = ("auto", "on", "off")
 
 
@@ -70,14 +71,19 @@ def _module(name: str):
 class Kernels:
     """Dispatch table of one engine instance: each op runs as Triton if its name is in `active`."""
 
-    def __init__(self, active=()):
+    def __init__(self, active=(), pdl=False):
         unknown = set(active) - set(NAMES + OPTIONAL)
         if unknown:
             raise ValueError(f"unknown kernels {sorted(unknown)}; known: {NAMES + OPTIONAL}")
         self.active = tuple(n for n in NAMES + OPTIONAL if n in active)
+        self.pdl = bool(pdl) and bool(self.active)  # launch with programmatic dependent launch (pdl.py)
 
     def __repr__(self) -> str:
-        return f"Kernels(active={self.active})"
+        return f"Kernels(active={self.active}, pdl={self.pdl})"
+
+    def without(self, name: str) -> Kernels:
+        """The same table with `name` running as its torch reference."""
+        return Kernels([n for n in self.active if n != name], pdl=self.pdl)
 
     def __bool__(self) -> bool:
         return bool(self.active)
@@ -87,30 +93,40 @@ class Kernels:
 
     def linear(self, x, weight, **kw):
         m = self._mod("linear")
-        return (m.linear if "linear" in self.active else m.reference)(x, weight, **kw)
+        if "linear" in self.active:
+            return m.linear(x, weight, pdl=self.pdl, **kw)
+        return m.reference(x, weight, **kw)
 
     def rms_norm(self, x, weight, eps):
         m = self._mod("rms_norm")
-        return (m.rms_norm if "rms_norm" in self.active else m.reference)(x, weight, eps)
+        if "rms_norm" in self.active:
+            return m.rms_norm(x, weight, eps, pdl=self.pdl)
+        return m.reference(x, weight, eps)
 
     def qk_norm_rope_kv(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv):
         m = self._mod("qk_norm_rope_kv")
-        fn = m.qk_norm_rope_kv if "qk_norm_rope_kv" in self.active else m.reference
-        return fn(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
+        if "qk_norm_rope_kv" in self.active:
+            return m.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv,
+                                     pdl=self.pdl)
+        return m.reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
 
     def qk_norm_rope_kv_prefill(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv):
         m = self._mod("qk_norm_rope_kv")
-        fn = m.prefill if "qk_norm_rope_kv" in self.active else m.prefill_reference
-        return fn(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv)
+        if "qk_norm_rope_kv" in self.active:
+            return m.prefill(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv, pdl=self.pdl)
+        return m.prefill_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv)
 
     def attention(self, q, k_cache, v_cache, bias, scale):
         m = self._mod("attention")
-        return (m.attention if "attention" in self.active else m.reference)(q, k_cache, v_cache, bias, scale)
+        if "attention" in self.active:
+            return m.attention(q, k_cache, v_cache, bias, scale, pdl=self.pdl)
+        return m.reference(q, k_cache, v_cache, bias, scale)
 
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         m = self._mod("sample")
-        return (m.sample if "sample" in self.active else m.reference)(
-            logits, do_sample, temperature, k_index, top_p, **kw)
+        if "sample" in self.active:
+            return m.sample(logits, do_sample, temperature, k_index, top_p, pdl=self.pdl, **kw)
+        return m.reference(logits, do_sample, temperature, k_index, top_p, **kw)
 
 
 def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
@@ -130,5 +146,17 @@ def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
             raise KernelUnavailableError(f"kernels='on' but the Triton kernels cannot run: {why}")
         return Kernels(), f"triton kernels off (auto): {why}"
     opted = OPTIONAL if os.environ.get(PERSISTENT_PREDICTOR_ENV, "0") == "1" else ()
-    ks = Kernels(NAMES + opted)
-    return ks, f"triton kernels on ({why}): {', '.join(ks.active)}"
+    pdl, pdl_why = _pdl_choice(device)
+    ks = Kernels(NAMES + opted, pdl=pdl)
+    return ks, f"triton kernels on ({why}): {', '.join(ks.active)}; {pdl_why}"
+
+
+def _pdl_choice(device) -> tuple[bool, str]:
+    """Programmatic dependent launch rides with the kernels where the device has it (Hopper+);
+    QWEN3TTS_PDL=0 turns it off (for A/B measurements)."""
+    from . import pdl
+
+    if os.environ.get(PDL_ENV, "1") == "0":
+        return False, f"programmatic dependent launch off ({PDL_ENV}=0)"
+    ok, why = pdl.support(device)
+    return ok, "programmatic dependent launch on" if ok else f"programmatic dependent launch off: {why}"

@@ -18,8 +18,9 @@ import functools
 import torch
 
 from ._util import next_pow2, require
+from .pdl import launch_options
 
-triton = tl = None  # bound on first use by _kernel()
+triton = tl = _pdl_enter = None  # bound on first use by _kernel()
 
 
 def reference(q, k_cache, v_cache, bias, scale):
@@ -35,14 +36,18 @@ def reference(q, k_cache, v_cache, bias, scale):
 
 @functools.cache
 def _kernel():
-    global triton, tl
+    global triton, tl, _pdl_enter
     import triton
     import triton.language as tl
+
+    from .pdl import enter
+    _pdl_enter = enter()
 
     @triton.jit
     def attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, stride_qb, skb, skh, sks, svb, svh, svs,
                          stride_ob, stride_bias, W, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
+                         BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+        _pdl_enter(PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
         dt = q_ptr.dtype.element_ty
@@ -79,7 +84,7 @@ def _kernel():
     return attention_kernel
 
 
-def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16):
+def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = False):
     """Same contract as reference: returns [B, nkv, g, D] (contiguous, so .view(B, nh * D) is free)."""
     b, nh, d = q.shape
     nkv = k_cache.shape[1]
@@ -91,5 +96,5 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16):
     out = torch.empty(b, nkv, g, d, dtype=q.dtype, device=q.device)
     _kernel()[(b, nkv)](q, k_cache, v_cache, bias, out, q.stride(0), *k_cache.stride()[:3],
                         *v_cache.stride()[:3], out.stride(0), window if per_row else 0, window, float(scale),
-                        G=g, GP=max(next_pow2(g), 1), D=d, BLOCK_N=block_n, num_warps=4)
+                        G=g, GP=max(next_pow2(g), 1), D=d, BLOCK_N=block_n, num_warps=4, **launch_options(pdl))
     return out

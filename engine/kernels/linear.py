@@ -27,8 +27,9 @@ import torch.nn.functional as F
 
 from . import interpreting
 from ._util import next_pow2, require
+from .pdl import launch_options
 
-triton = tl = _round = _rms_apply = _mma = None  # bound on first use by _kernel()
+triton = tl = _round = _rms_apply = _mma = _act = _pdl_enter = None  # bound on first use by _kernel()
 
 PROLOGUES = {"none": 0, "rms_norm": 1, "silu_mul": 2}
 MAX_ROWS = 64
@@ -73,9 +74,12 @@ def exact(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, 
 
 @functools.cache
 def _kernel():
-    global triton, tl, _round, _rms_apply, _mma
+    global triton, tl, _round, _rms_apply, _mma, _act, _pdl_enter
     import triton
     import triton.language as tl
+
+    from .pdl import enter
+    _pdl_enter = enter()
 
     @triton.jit
     def _round(x, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
@@ -107,12 +111,29 @@ def _kernel():
         return acc
 
     @triton.jit
+    def _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE: tl.constexpr, dt: tl.constexpr,
+             EMULATE_RNE: tl.constexpr):
+        """One [rows, BLOCK_K] tile of the prologue's output."""
+        xmask = m_ok[:, None] & k_ok[None, :]
+        xp = x_ptr + rm[:, None] * stride_x + rk[None, :]
+        if PROLOGUE == 2:
+            g = tl.load(xp, mask=xmask, other=0.0).to(tl.float32)
+            u = tl.load(xp + K, mask=xmask, other=0.0).to(tl.float32)
+            s = _round(g / (1.0 + tl.exp(-g)), dt, EMULATE_RNE).to(tl.float32)
+            a = _round(s * u, dt, EMULATE_RNE)
+        else:
+            a = tl.load(xp, mask=xmask, other=0.0)
+            if PROLOGUE == 1:
+                a = _rms_apply(a, rinv, nw_ptr, rk, k_ok, dt, EMULATE_RNE)
+        return a
+
+    @triton.jit
     def linear_kernel(x_ptr, stride_x, w_ptr, stride_w, y_ptr, stride_y, res_ptr, stride_r,
                       nw_ptr, bias_ptr, part_ptr, count_ptr,
                       M, N, K, eps, chunk,
                       PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                       USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr, ONE_TILE: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         splits = tl.num_programs(1)
@@ -122,11 +143,15 @@ def _kernel():
         m_ok = rm < M
         n_ok = rn < N
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if ONE_TILE:  # all of K in one tile: issue the weight load first, then the row and its norm
-            rk = tl.arange(0, BLOCK_K)
-            k_ok = rk < K
-            w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                        other=0.0)
+        # The first weight tile is loaded before pdl_enter: weights are never written, so under PDL these
+        # bytes stream in while the previous kernel finishes.
+        k_start = pid_k * chunk
+        k_end = tl.minimum(k_start + chunk, K)
+        rk = k_start + tl.arange(0, BLOCK_K)
+        k_ok = rk < k_end
+        w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        _pdl_enter(PDL)
+        if ONE_TILE:  # all of K in this tile (one program per column block)
             a = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if PROLOGUE == 1:
                 af = a.to(tl.float32)
@@ -134,30 +159,21 @@ def _kernel():
                 a = _rms_apply(a, rinv, nw_ptr, rk, k_ok, dt, EMULATE_RNE)
             acc = _mma(acc, a, w, USE_DOT, IEEE)
         else:
+            rinv = tl.zeros([BLOCK_M], tl.float32)
             if PROLOGUE == 1:  # RMS of each full row (every program recomputes it: M x K from L2 is cheap)
                 ss = tl.zeros([BLOCK_M], tl.float32)
                 for k0 in range(0, K, BLOCK_K):
-                    rk = k0 + tl.arange(0, BLOCK_K)
-                    xv = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :],
-                                 mask=m_ok[:, None] & (rk[None, :] < K), other=0.0).to(tl.float32)
+                    rk2 = k0 + tl.arange(0, BLOCK_K)
+                    xv = tl.load(x_ptr + rm[:, None] * stride_x + rk2[None, :],
+                                 mask=m_ok[:, None] & (rk2[None, :] < K), other=0.0).to(tl.float32)
                     ss += tl.sum(xv * xv, axis=1)
                 rinv = tl.rsqrt(ss / K + eps)
-            k_start = pid_k * chunk
-            k_end = tl.minimum(k_start + chunk, K)
-            for k0 in range(k_start, k_end, BLOCK_K):
+            a = _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE, dt, EMULATE_RNE)
+            acc = _mma(acc, a, w, USE_DOT, IEEE)
+            for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
                 k_ok = rk < k_end
-                xmask = m_ok[:, None] & k_ok[None, :]
-                xp = x_ptr + rm[:, None] * stride_x + rk[None, :]
-                if PROLOGUE == 2:
-                    g = tl.load(xp, mask=xmask, other=0.0).to(tl.float32)
-                    u = tl.load(xp + K, mask=xmask, other=0.0).to(tl.float32)
-                    s = _round(g / (1.0 + tl.exp(-g)), dt, EMULATE_RNE).to(tl.float32)
-                    a = _round(s * u, dt, EMULATE_RNE)
-                else:
-                    a = tl.load(xp, mask=xmask, other=0.0)
-                    if PROLOGUE == 1:
-                        a = _rms_apply(a, rinv, nw_ptr, rk, k_ok, dt, EMULATE_RNE)
+                a = _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE, dt, EMULATE_RNE)
                 w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                             other=0.0)
                 acc = _mma(acc, a, w, USE_DOT, IEEE)
@@ -232,10 +248,11 @@ def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132) -> di
 
 
 def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
-           config=None, target=None):
+           config=None, target=None, pdl=False):
     """x [..., K] (or [..., 2K] for silu_mul) with rows contiguous; weight [N, K] row-major -> [..., N].
 
-    Same contract as `reference`; rows beyond MAX_ROWS fall back to it (decode never has them)."""
+    Same contract as `reference`; rows beyond MAX_ROWS fall back to it (decode never has them).
+    pdl: launch with programmatic dependent launch (engine/kernels/pdl.py; the caller checked support)."""
     code = PROLOGUES[prologue]
     n, k = weight.shape
     lead = x.shape[:-1]
@@ -269,5 +286,5 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
         IEEE=x.dtype == torch.float32 or interpreting(), EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
         ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2,
         BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"],
-        num_warps=p["num_warps"], num_stages=p["num_stages"])
+        num_warps=p["num_warps"], num_stages=p["num_stages"], **launch_options(pdl))
     return y.view(*lead, n)

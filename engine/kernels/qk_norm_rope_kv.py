@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from ._util import require
+from .pdl import launch_options
 
-triton = tl = None  # bound on first use by _kernel()
+triton = tl = _pdl_enter = None  # bound on first use by _kernel()
 
 
 def _norm_rope(qkv, qk_norm_weight, cos, sin_signed, eps, d, nh, nkv):
@@ -62,14 +63,19 @@ def prefill_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cach
 
 @functools.cache
 def _kernel():
-    global triton, tl
+    global triton, tl, _pdl_enter
     import triton
     import triton.language as tl
+
+    from .pdl import enter
+    _pdl_enter = enter()
 
     @triton.jit
     def qk_norm_rope_kv_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr,
                                stride_qkv, stride_q, skb, skh, sks, svb, svh, svs, stride_pos, stride_cos, eps,
-                               NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, SEQ: tl.constexpr):
+                               NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, SEQ: tl.constexpr,
+                               PDL: tl.constexpr):
+        _pdl_enter(PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
         cols = tl.arange(0, D)
@@ -102,7 +108,7 @@ def _kernel():
     return qk_norm_rope_kv_kernel
 
 
-def qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv):
+def qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv, pdl=False):
     """qkv [B, (nh + 2 nkv) * D] or [B, 1, ...]; qk_norm_weight [nh + nkv, D] contiguous; cos, sin_signed
     [D] (any leading 1-dims) or [B, D] (one position per row); k_cache, v_cache [B, nkv, S, D] with
     contiguous last dim; pos a 1-element long device tensor, or [B] (one per row) -> q [B, nh, D]
@@ -122,11 +128,11 @@ def qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache,
         qkv2, qk_norm_weight, cos, sin_signed, q, k_cache, v_cache, pos,
         qkv2.stride(0), q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         1 if per_row else 0, d if per_row else 0, float(eps),
-        NH=nh, NKV=nkv, D=d, SEQ=False, num_warps=1 if d <= 128 else 2)
+        NH=nh, NKV=nkv, D=d, SEQ=False, num_warps=1 if d <= 128 else 2, **launch_options(pdl))
     return q
 
 
-def prefill(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv):
+def prefill(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv, pdl=False):
     """Same contract as `prefill_reference`: qkv [T, (nh + 2 nkv) * D] (rows contiguous), cos and
     sin_signed [T, D]; k_cache, v_cache [1, nkv, S >= T, D] -> q [T, nh, D] (contiguous)."""
     t = qkv.shape[0]
@@ -145,5 +151,5 @@ def prefill(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv
     _kernel()[(t, nh + 2 * nkv)](
         qkv2, qk_norm_weight, cos, sin_signed, q, k_cache, v_cache, q,  # pos_ptr unused (SEQ)
         qkv2.stride(0), q.stride(0), 0, skh, sks, 0, svh, svs, 0, d, float(eps),
-        NH=nh, NKV=nkv, D=d, SEQ=True, num_warps=1 if d <= 128 else 2)
+        NH=nh, NKV=nkv, D=d, SEQ=True, num_warps=1 if d <= 128 else 2, **launch_options(pdl))
     return q

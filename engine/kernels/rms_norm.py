@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from ._util import next_pow2, warps_for
+from .pdl import launch_options
 
-triton = tl = None  # bound on first use by _kernel()
+triton = tl = _pdl_enter = None  # bound on first use by _kernel()
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -21,12 +22,16 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 @functools.cache
 def _kernel():
-    global triton, tl
+    global triton, tl, _pdl_enter
     import triton
     import triton.language as tl
 
+    from .pdl import enter
+    _pdl_enter = enter()
+
     @triton.jit
-    def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, N, eps, BLOCK: tl.constexpr):
+    def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        _pdl_enter(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < N
@@ -39,7 +44,7 @@ def _kernel():
     return rms_norm_kernel
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
     """x [..., N] (last dim contiguous; leading dims collapsible to rows) -> same shape, x.dtype."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
@@ -48,5 +53,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     block = next_pow2(n)
     _kernel()[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), n, float(eps),
-                              BLOCK=block, num_warps=warps_for(block))
+                              BLOCK=block, num_warps=warps_for(block), **launch_options(pdl))
     return out.view(x.shape)

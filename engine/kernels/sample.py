@@ -28,8 +28,9 @@ import functools
 import torch
 
 from ._util import next_pow2, require
+from .pdl import launch_options
 
-triton = tl = libdevice = _exp = _log = _mix32 = _order_key = None  # bound on first use by _kernel()
+triton = tl = libdevice = _exp = _log = _mix32 = _order_key = _pdl_enter = None  # bound on first use by _kernel()
 
 
 def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
@@ -59,9 +60,12 @@ def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=No
 
 @functools.cache
 def _kernel():
-    global triton, tl, _exp, _log, _mix32, _order_key  # the interpreter resolves names in module globals
+    global triton, tl, _exp, _log, _mix32, _order_key, _pdl_enter  # the interpreter resolves module globals
     import triton
     import triton.language as tl
+
+    from .pdl import enter
+    _pdl_enter = enter()
 
     from . import interpreting
 
@@ -102,7 +106,9 @@ def _kernel():
                       keys_ptr, step_ptr, stride_step, slot,
                       penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, stride_t, min_new_ptr,
                       finished_ptr,
-                      V, BLOCK: tl.constexpr, HAS_U: tl.constexpr, PENALTY: tl.constexpr, UPDATE: tl.constexpr):
+                      V, BLOCK: tl.constexpr, HAS_U: tl.constexpr, PENALTY: tl.constexpr, UPDATE: tl.constexpr,
+                      PDL: tl.constexpr):
+        _pdl_enter(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         valid = cols < V
@@ -168,7 +174,7 @@ def _kernel():
 
 def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
            penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
-           finished=None, update=False):
+           finished=None, update=False, pdl=False):
     """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
 
     Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
@@ -205,5 +211,5 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,
         per_row(t) if pen else 0, min_new if pen else ids, u8(finished) if update else dummy,
         vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update),
-        num_warps=4 if block <= 2048 else 8)
+        num_warps=4 if block <= 2048 else 8, **launch_options(pdl))
     return ids
