@@ -176,6 +176,24 @@ def test_sample_codebook0_rows_at_their_own_frames():
     st.check_sample_penalty(DEV, 6, t=0, min_new=3, per_row=True)  # rows 0-2 still mask EOS, rows 3-5 not
 
 
+@pytest.mark.parametrize("width", [40, 1100])
+def test_sample_returns_embedding_rows(width):
+    """embed=table: the same ids, and the table's rows at them (a row wider than one 1024 block too)."""
+    from engine import sampling
+    from engine.kernels import sample as k
+
+    logits, settings = st.sampling_case(DEV, 5, 2048, 3, **SAMPLE_CASES["default"])
+    keys = sampling.take_keys(3, range(5), DEV)
+    draw = {"keys": keys, "step": torch.tensor([2], device=DEV), "slot": 4}
+    table = torch.randn(2048, width, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ids = k.sample(logits, *settings, **draw)
+    got_ids, rows = k.sample(logits, *settings, **draw, embed=table)
+    assert torch.equal(got_ids, ids)
+    assert torch.equal(rows, table[ids])
+    ref_ids, ref_rows = k.reference(logits, *settings, **draw, embed=table)
+    assert torch.equal(ref_rows, table[ref_ids])
+
+
 def test_sample_distribution_chi_square():
     st.check_sample_distribution(DEV, 240, top_k=4, top_p=0.95, temperature=1.5)
 

@@ -117,24 +117,27 @@ def _projector(talker, ks):
     return proj
 
 
-def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_embed, choose) -> torch.Tensor:
+def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_embed, choose) -> tuple[torch.Tensor, list]:
     """Codebooks 1..15 as 16 fused single-token steps: positions 0 and 1 take [h, E(c0)] (the eager
     predictor's two-token prefill), then each new code feeds the next position. The final norm runs
-    inside each head's matmul; position 0 only fills the cache, so it skips norm and head."""
+    inside each head's matmul; position 0 only fills the cache, so it skips norm and head.
+    `choose(logits, j, table)` returns the code and its row of `table` (codebook j's embedding, the next
+    input and a term of the talker's next input). Returns codes [B, 15] and those 15 embeddings."""
     pred = talker.code_predictor
     proj = _projector(talker, fused.ks)
     fused.predictor_pass(proj(s.hidden[:, None]), s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0],
                          pred.lm_head[0].weight, fill_only=True)
     x = proj(c0_embed[:, None])
-    codes = []
+    codes, embeds = [], []
     for j in range(1, pred.num_groups + 1):
         logits = fused.predictor_pass(x, s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j],
                                       pred.lm_head[j - 1].weight)  # in the model dtype
-        code = choose(logits, j)
+        code, embed = choose(logits, j, pred.model.codec_embedding[j - 1].weight)
         codes.append(code)
+        embeds.append(embed)
         if j < pred.num_groups:
-            x = proj(pred.model.codec_embedding[j - 1](code)[:, None])
-    return torch.stack(codes, dim=1)
+            x = proj(embed[:, None])
+    return torch.stack(codes, dim=1), embeds
 
 
 def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
@@ -153,19 +156,20 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
             return {"u": u[:, j, :width], "first": s.first[width]}
 
     # Codebook 0 in one op: penalty, suppression, sampling and the bookkeeping (seen, finished).
-    c0 = ks.sample(codec_logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
-                   **draws(0, codec_logits.shape[-1]), penalty=p["penalty"], seen=s.seen, banned=s.banned,
-                   eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"], finished=s.finished, update=True)
+    # The sampling launches also hand back the chosen ids' embedding rows (no separate lookups).
+    c0, c0_embed = ks.sample(codec_logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
+                             **draws(0, codec_logits.shape[-1]), penalty=p["penalty"], seen=s.seen,
+                             banned=s.banned, eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"],
+                             finished=s.finished, update=True, embed=talker.model.codec_embedding.weight)
     torch.logical_not(s.finished, out=s.valid)
 
-    def choose_residual(lg, j):
+    def choose_residual(lg, j, table):
         return ks.sample(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
-                         **draws(j, lg.shape[-1]))
+                         **draws(j, lg.shape[-1]), embed=table)
 
-    c0_embed = talker.embed_codec(c0)
-    rest = predict_residuals(talker, fused["predictor"], s, c0_embed, choose_residual)
+    rest, embeds = predict_residuals(talker, fused["predictor"], s, c0_embed, choose_residual)
     s.frame.copy_(torch.cat([c0[:, None], rest], 1))
-    x = pred.residual_embedding_sum(rest, c0_embed)
+    x = pred.embedding_sum([c0_embed, *embeds])  # == residual_embedding_sum(rest, c0_embed)
     x = x + s.trailing.index_select(0, s.trailing_start + torch.minimum(s.t, s.trailing_last))
     # Each row sees its own positions 0..pos: [B, 1, 1, window] broadcasts over heads and the query.
     bias = torch.where(torch.arange(window, device=x.device)[None] <= s.pos[:, None], 0.0, float("-inf"))

@@ -35,7 +35,7 @@ triton = tl = libdevice = _exp = _log = _mix32 = _order_key = _pdl_enter = None 
 
 def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
               first=None, penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
-              finished=None, update=False):
+              finished=None, update=False, embed=None):
     """The torch ops of frame_graph.frame_body / graph_sampling.choose (the off path and the oracle)."""
     from .. import sampling
     from ..gpu import graph_sampling
@@ -55,7 +55,7 @@ def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=No
     if update:
         seen.scatter_(1, ids[:, None], True)
         finished |= eos_mask[ids]
-    return ids
+    return ids if embed is None else (ids, torch.nn.functional.embedding(ids, embed))
 
 
 @functools.cache
@@ -105,9 +105,9 @@ def _kernel():
                       do_sample_ptr, temp_ptr, kidx_ptr, top_p_ptr,
                       keys_ptr, step_ptr, stride_step, slot,
                       penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, stride_t, min_new_ptr,
-                      finished_ptr,
+                      finished_ptr, emb_ptr, stride_emb, emb_out_ptr, stride_emb_out, E,
                       V, BLOCK: tl.constexpr, HAS_U: tl.constexpr, PENALTY: tl.constexpr, UPDATE: tl.constexpr,
-                      PDL: tl.constexpr):
+                      EMBED: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
         _pdl_enter(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
@@ -129,15 +129,18 @@ def _kernel():
             x = tl.div_rn(lg, tl.load(temp_ptr))
             key = _order_key(x)
             kidx = tl.load(kidx_ptr)
-            # top-k: the largest key K with count(key >= K) >= kidx + 1 is the key at sorted position kidx
+            # top-k: the largest key K with count(key >= K) >= kidx + 1 is the key at sorted position kidx.
+            # Found 4 bits at a time: the 16 candidate digits are counted in one reduction; the counts fall
+            # as the digit grows, so the digit is how many of 1..15 still keep more than kidx ids.
             kth = tl.full((), 0, tl.uint32)
             if kidx < V - 1:
-                bit = tl.full((), 0x80000000, tl.uint32)
-                for _ in range(32):
-                    cand = kth | bit
-                    cnt = tl.sum(tl.where(valid & (key >= cand), 1, 0), axis=0)
-                    kth = tl.where(cnt > kidx, cand, kth)
-                    bit = bit >> 1
+                digits = tl.arange(0, 16).to(tl.uint32)
+                for i in tl.static_range(8):
+                    cand = kth | (digits << (28 - 4 * i))
+                    hits = valid[None, :] & (key[None, :] >= cand[:, None])
+                    cnt = tl.sum(tl.where(hits, 1, 0), axis=1)
+                    digit = tl.sum(tl.where((cnt > kidx) & (digits > 0), 1, 0), axis=0)
+                    kth = kth | (digit.to(tl.uint32) << (28 - 4 * i))
             keep = valid & (key >= kth)
             m = tl.max(tl.where(keep, x, NEG), axis=0)
             e = tl.where(keep, _exp(x - m), 0.0)
@@ -164,6 +167,11 @@ def _kernel():
             race = tl.where(keep, tl.div_rn(p, -_log(u)), 0.0)
             idx = tl.argmax(race, axis=0)
         tl.store(ids_ptr + row, idx.to(tl.int64))
+        if EMBED:  # the chosen id's embedding row, the next step's input (saves a lookup launch)
+            for e0 in range(0, E, BLOCK_E):
+                ce = e0 + tl.arange(0, BLOCK_E)
+                row_e = tl.load(emb_ptr + idx * stride_emb + ce, mask=ce < E)
+                tl.store(emb_out_ptr + row * stride_emb_out + ce, row_e, mask=ce < E)
         if UPDATE:
             tl.store(seen_ptr + row * stride_seen + idx, 1)
             fin = tl.load(finished_ptr + row) | tl.load(eos_ptr + idx)
@@ -174,7 +182,7 @@ def _kernel():
 
 def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
            penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
-           finished=None, update=False, pdl=False):
+           finished=None, update=False, embed=None, pdl=False):
     """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
 
     Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
@@ -182,7 +190,8 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     tensor, or [B]: one frame index per row) + slot (int) to draw them inside.
     Codebook 0: penalty (0-d float32), seen [B, V] bool, banned / eos_mask [V] bool, t (1 or [B]) /
     min_new long;
-    update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool)."""
+    update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool).
+    embed: an embedding table [V', E] (rows contiguous): also return its rows at the ids, (ids, [B, E])."""
     b, vocab = logits.shape
     require(logits.stride(-1) == 1, "contiguous logits rows")
     ids = torch.empty(b, dtype=torch.long, device=logits.device)
@@ -202,6 +211,9 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     def per_row(x):  # a tensor with one value per row is read at row * 1, a shared one at offset 0
         return 1 if x is not None and x.numel() == b and b > 1 else 0
 
+    if embed is not None:
+        require(embed.stride(-1) == 1, "contiguous embedding rows")
+        rows = torch.empty(b, embed.shape[1], dtype=embed.dtype, device=embed.device)
     block = next_pow2(vocab)
     _kernel()[(b,)](
         logits, logits.stride(0), u if has_u else dummy, u.stride(0) if has_u else 0, ids,
@@ -210,6 +222,9 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         penalty if pen else dummy, u8(seen) if pen else dummy, seen.stride(0) if pen else 0,
         u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,
         per_row(t) if pen else 0, min_new if pen else ids, u8(finished) if update else dummy,
-        vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update),
-        num_warps=4 if block <= 2048 else 8, **launch_options(pdl))
-    return ids
+        embed if embed is not None else dummy, embed.stride(0) if embed is not None else 0,
+        rows if embed is not None else dummy, rows.stride(0) if embed is not None else 0,
+        embed.shape[1] if embed is not None else 0,
+        vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update), EMBED=embed is not None,
+        BLOCK_E=1024, num_warps=4 if block <= 2048 else 8, **launch_options(pdl))
+    return ids if embed is None else (ids, rows)

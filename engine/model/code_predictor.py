@@ -80,4 +80,10 @@ class CodePredictor(nn.Module):
         parts = [emb(codes[:, i]) for i, emb in enumerate(self.model.codec_embedding)]
         if c0_embed is not None:
             parts.insert(0, c0_embed)
+        return self.embedding_sum(parts)
+
+    @staticmethod
+    def embedding_sum(parts: list) -> torch.Tensor:
+        """The one reduction of residual_embedding_sum over embeddings already looked up ([B, Ht] each, in
+        its order: E(c0) first when included, then codebooks 1..15)."""
         return torch.stack(parts, dim=1).sum(dim=1)
