@@ -194,37 +194,6 @@ def test_sample_returns_embedding_rows(width):
     assert torch.equal(ref_rows, table[ref_ids])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows,groups", [(1, 2), (3, 3)])
-def test_rope_attention_equals_the_two_kernels(dtype, rows, groups):
-    """The one-launch q/k norm + RoPE + cache write + attention == qk_norm_rope_kv then attention (same
-    caches written; the output to a few ulps in bf16), rows at their own positions with their own masks."""
-    from engine.kernels import attention, qk_norm_rope_kv, rope_attention
-
-    g = torch.Generator().manual_seed(rows * 10 + groups)
-    nkv, d, window = 2, 32, 12
-    nh = nkv * groups
-    qkv = torch.randn(rows, 1, (nh + 2 * nkv) * d, generator=g).to(dtype)
-    w = (1 + 0.1 * torch.randn(nh + nkv, d, generator=g)).to(dtype)
-    pos = torch.tensor([5, 9, 2][:rows]) if rows > 1 else torch.tensor([7])
-    angles = pos[:, None].float() * torch.linspace(0.1, 1.0, d)[None]
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-    bias = torch.where(torch.arange(window)[None] <= pos[:, None], 0.0, float("-inf")).to(dtype)
-    bias = bias[:, None, None] if rows > 1 else bias[0]
-    caches = [torch.randn(rows, nkv, 16, d, generator=g).to(dtype) for _ in range(2)]
-    mine = [c.clone() for c in caches]
-    q = qk_norm_rope_kv.qk_norm_rope_kv(qkv, w, cos, sin, 1e-6, caches[0], caches[1], pos, nh, nkv)
-    want = attention.attention(q, caches[0], caches[1], bias, 0.17)
-    got = rope_attention.rope_attention(qkv, w, cos, sin, 1e-6, mine[0], mine[1], pos, nh, nkv, bias, 0.17)
-    assert torch.equal(mine[0], caches[0]) and torch.equal(mine[1], caches[1])
-    atol, rtol = st.ATTN_TOL[dtype]
-    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
-    # the torch path rounds q/k at other points (selftest.ROPE_TOL) and the probabilities before V
-    ref = rope_attention.reference(qkv, w, cos, sin, 1e-6, caches[0].clone(), caches[1].clone(), pos, nh, nkv,
-                                   bias, 0.17)
-    torch.testing.assert_close(got, ref, atol=st.ROPE_TOL[dtype][0], rtol=rtol)
-
-
 def test_sample_distribution_chi_square():
     st.check_sample_distribution(DEV, 240, top_k=4, top_p=0.95, temperature=1.5)
 

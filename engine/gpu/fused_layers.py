@@ -9,13 +9,12 @@ path. Per layer and token:
   * RMSNorm + one q/k/v matmul;
   * q_norm and k_norm as a single RMSNorm over the 24 (16 + 8) heads, RoPE on q and k together, and
     both cache writes;
-  * attention over a fixed window of the static cache with an additive mask (for short windows, the
-    code predictor's, in the same launch as the q/k norm, RoPE and cache writes);
+  * attention over a fixed window of the static cache with an additive mask;
   * o_proj with the residual added in its epilogue;
   * RMSNorm + one gate/up matmul;
   * SwiGLU + down_proj with the residual added in its epilogue.
-With Triton that is 6 launches, 5 for the code predictor (engine/kernels/linear.py fuses the norms,
-SwiGLU and residuals into the matmuls); in torch about 20. `prefill` runs a fresh prompt's T tokens the same way with ~10 launches a
+With Triton that is 6 launches (engine/kernels/linear.py fuses the norms, SwiGLU and residuals into the
+matmuls); in torch about 20. `prefill` runs a fresh prompt's T tokens the same way with ~10 launches a
 layer (cuBLAS matmuls, which win at T rows; one-launch norms and q/k norm + RoPE + cache write; the
 residuals added in the matmuls' epilogues) instead of ~53 op by op. Numerics follow
 engine/model/layers.py: RMSNorm normalises in fp32, casts back, then scales; RoPE tables come in the
@@ -57,8 +56,9 @@ class FusedLayer:
         """x [B, 1, H] at position pos ([1] long); attends over the first len(bias) cache positions."""
         lay, b = self.layer, x.shape[0]
         qkv = ks.linear(x, self.qkv, prologue="rms_norm", norm_weight=lay.input_layernorm.weight, eps=self.eps)
-        out = ks.rope_attention(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos, self.nh,
-                                self.nkv, bias, self.scale).reshape(b, 1, self.nh * self.d)
+        q = ks.qk_norm_rope_kv(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos,
+                               self.nh, self.nkv)
+        out = ks.attention(q, k_cache, v_cache, bias, self.scale).reshape(b, 1, self.nh * self.d)
         x = ks.linear(out, lay.self_attn.o_proj.weight, residual=x)
         gu = ks.linear(x, self.gate_up, prologue="rms_norm", norm_weight=lay.post_attention_layernorm.weight,
                        eps=self.eps)

@@ -122,16 +122,6 @@ class Kernels:
             return m.attention(q, k_cache, v_cache, bias, scale, pdl=self.pdl)
         return m.reference(q, k_cache, v_cache, bias, scale)
 
-    def rope_attention(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv, bias, scale):
-        """qk_norm_rope_kv then attention ([B, nkv, g, D]): one launch when both run as Triton and the
-        window is short (the code predictor's), else the two ops."""
-        m = self._mod("rope_attention")
-        if "qk_norm_rope_kv" in self.active and "attention" in self.active and bias.shape[-1] <= m.MAX_WINDOW:
-            return m.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv,
-                                    bias, scale, pdl=self.pdl)
-        q = self.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
-        return self.attention(q, k_cache, v_cache, bias, scale)
-
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         m = self._mod("sample")
         if "sample" in self.active:
