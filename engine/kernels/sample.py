@@ -129,18 +129,15 @@ def _kernel():
             x = tl.div_rn(lg, tl.load(temp_ptr))
             key = _order_key(x)
             kidx = tl.load(kidx_ptr)
-            # top-k: the largest key K with count(key >= K) >= kidx + 1 is the key at sorted position kidx.
-            # Found 4 bits at a time: the 16 candidate digits are counted in one reduction; the counts fall
-            # as the digit grows, so the digit is how many of 1..15 still keep more than kidx ids.
+            # top-k: the largest key K with count(key >= K) >= kidx + 1 is the key at sorted position kidx
             kth = tl.full((), 0, tl.uint32)
             if kidx < V - 1:
-                digits = tl.arange(0, 16).to(tl.uint32)
-                for i in tl.static_range(8):
-                    cand = kth | (digits << (28 - 4 * i))
-                    hits = valid[None, :] & (key[None, :] >= cand[:, None])
-                    cnt = tl.sum(tl.where(hits, 1, 0), axis=1)
-                    digit = tl.sum(tl.where((cnt > kidx) & (digits > 0), 1, 0), axis=0)
-                    kth = kth | (digit.to(tl.uint32) << (28 - 4 * i))
+                bit = tl.full((), 0x80000000, tl.uint32)
+                for _ in range(32):
+                    cand = kth | bit
+                    cnt = tl.sum(tl.where(valid & (key >= cand), 1, 0), axis=0)
+                    kth = tl.where(cnt > kidx, cand, kth)
+                    bit = bit >> 1
             keep = valid & (key >= kth)
             m = tl.max(tl.where(keep, x, NEG), axis=0)
             e = tl.where(keep, _exp(x - m), 0.0)
@@ -180,9 +177,16 @@ def _kernel():
     return sample_kernel
 
 
+def warps_for_vocab(block: int) -> int:
+    """Warps of the one program per row. Measured (bench/small_kernels_bench.py, H200, PDL, top-k 50):
+    2048 ids 48 / 24 / 15.2 / 12.7 us at 1 / 2 / 4 / 8 warps, 3072 ids 111 / 52 / 25 / 19 us: the
+    32-step bisection's row-wide passes are the cost, so more threads win."""
+    return 8
+
+
 def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
            penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
-           finished=None, update=False, embed=None, pdl=False):
+           finished=None, update=False, embed=None, pdl=False, warps=None):
     """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
 
     Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
@@ -191,7 +195,8 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     Codebook 0: penalty (0-d float32), seen [B, V] bool, banned / eos_mask [V] bool, t (1 or [B]) /
     min_new long;
     update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool).
-    embed: an embedding table [V', E] (rows contiguous): also return its rows at the ids, (ids, [B, E])."""
+    embed: an embedding table [V', E] (rows contiguous): also return its rows at the ids, (ids, [B, E]).
+    warps: the program's warp count (default WARPS by the padded vocabulary)."""
     b, vocab = logits.shape
     require(logits.stride(-1) == 1, "contiguous logits rows")
     ids = torch.empty(b, dtype=torch.long, device=logits.device)
@@ -226,5 +231,5 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         rows if embed is not None else dummy, rows.stride(0) if embed is not None else 0,
         embed.shape[1] if embed is not None else 0,
         vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update), EMBED=embed is not None,
-        BLOCK_E=1024, num_warps=4 if block <= 2048 else 8, **launch_options(pdl))
+        BLOCK_E=1024, num_warps=warps or warps_for_vocab(block), **launch_options(pdl))
     return ids if embed is None else (ids, rows)

@@ -1,0 +1,81 @@
+"""The sampling kernel in CUDA graphs of back-to-back launches (PDL as the engine runs it), at each warp
+count, with its embedding-row output (as the frame graph calls it).
+
+    python bench/small_kernels_bench.py --out DIR
+
+Writes DIR/small_kernels.json and prints microseconds per launch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def per_launch_us(fn, launches=50, reps=5) -> float:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(launches):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(reps):
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        best = min(best, a.elapsed_time(b) * 1000 / launches)
+    return best
+
+
+def sampling_rows(pdl: bool) -> list:
+    from engine import sampling
+    from engine.gpu import graph_sampling
+    from engine.kernels import sample as k
+
+    rows = []
+    dev = "cuda"
+    for vocab, b in ((2048, 1), (3072, 1), (2048, 16)):
+        logits = torch.randn(b, vocab, device=dev).to(torch.bfloat16)
+        f32 = {"device": dev, "dtype": torch.float32}
+        settings = (torch.tensor(True, device=dev), torch.tensor(0.9, **f32),
+                    torch.tensor(graph_sampling.kth_index(50, vocab), device=dev), torch.tensor(1.0, **f32))
+        draw = {"keys": sampling.take_keys(0, range(b), dev), "step": torch.tensor([3], device=dev), "slot": 2}
+        table = torch.randn(vocab, 1024, device=dev).to(torch.bfloat16)
+        want = k.sample(logits, *settings, **draw, embed=table, pdl=pdl)
+        for warps in (1, 2, 4, 8, 16):
+            got = k.sample(logits, *settings, **draw, embed=table, pdl=pdl, warps=warps)
+            same = all(torch.equal(x, y) for x, y in zip(got, want))
+            us = per_launch_us(lambda w=warps, x=logits, s=settings, d=draw, t=table:
+                               k.sample(x, *s, **d, embed=t, pdl=pdl, warps=w))
+            rows.append({"kernel": "sample", "vocab": vocab, "rows": b, "warps": warps, "us": round(us, 2),
+                         "same_ids": same})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    from engine.kernels import pdl as kpdl
+
+    pdl = kpdl.support("cuda")[0]
+    result = {"gpu": torch.cuda.get_device_name(), "pdl": pdl, "sample": sampling_rows(pdl)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "small_kernels.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
