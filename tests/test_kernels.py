@@ -103,8 +103,66 @@ def test_attention_predictor_window(dtype, b):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_attention_long_window(dtype):
-    st.check_attention(DEV, dtype, 2, seq=320, window=256, filled=200, block_n=64)
+@pytest.mark.parametrize("chunk", [None, 256], ids=["plan", "one_program"])
+def test_attention_long_window(dtype, chunk):
+    splits = st.check_attention(DEV, dtype, 2, seq=320, window=256, filled=200, block_n=64, chunk=chunk)["splits"]
+    assert (splits > 1) == (chunk is None)
+
+
+# Split-KV ("flash-decoding") path at small head shapes (G = 2 query heads per kv head) with small chunks,
+# so several splits run; per-row lengths leave whole splits masked (a row of 1 position: all but one).
+SMALL_HEADS = {"nh": 4, "nkv": 2, "d": 32}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dot", [False, True], ids=["fma", "dot"])
+@pytest.mark.parametrize("b,window,chunk,lengths", [
+    (1, 48, 16, [40]),  # B = 1: per_row is off, the [1, 1, 1, W] bias is read as shared
+    (3, 300, 64, [300, 131, 1]),  # the last chunk is partial; row 2 sees one position
+    (3, 160, 32, [97, 160, 33]),
+])
+def test_attention_split_rows_of_different_lengths(dtype, dot, b, window, chunk, lengths):
+    launch = st.check_attention(DEV, dtype, b, **SMALL_HEADS, seq=window + 8, window=window, lengths=lengths,
+                                chunk=chunk, seed=window + b, config={"USE_DOT": dot})
+    assert launch["splits"] == -(-window // chunk) > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_attention_split_shared_bias(dtype):
+    launch = st.check_attention(DEV, dtype, 3, **SMALL_HEADS, seq=140, window=128, filled=70, chunk=32, seed=9)
+    assert launch["splits"] == 4
+
+
+def test_attention_split_is_deterministic_and_rearms():
+    """Two launches give the same bits (fixed combine order), and the second finds its counters at zero."""
+    from engine.kernels import attention as ka
+
+    q, kc, vc = (torch.randn(shape) for shape in ((2, 4, 32), (2, 2, 100, 32), (2, 2, 100, 32)))
+    bias = torch.where(torch.arange(96)[None] < torch.tensor([[96], [40]]), 0.0, float("-inf"))[:, None, None]
+    first = ka.attention(q, kc, vc, bias, 0.2, chunk=16)
+    assert torch.equal(first, ka.attention(q, kc, vc, bias, 0.2, chunk=16))
+    assert int(ka._counters(torch.device(DEV)).abs().sum()) == 0
+    torch.testing.assert_close(first, ka.reference(q, kc, vc, bias, 0.2), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_plan():
+    from engine.kernels import attention as ka
+
+    assert ka.plan(1, 8, 16)["splits"] == 1  # the predictor's window: one program per (row, kv head)
+    assert ka.plan(4, 8, 16, block_n=16)["BLOCK_N"] == 16
+    for b in (1, 4, 16):
+        for window in (256, 512, 1024, 2048, 4096):
+            p = ka.plan(b, 8, window, sms=132)
+            assert p["splits"] > 1 and p["chunk"] % p["BLOCK_N"] == 0 and p["chunk"] >= ka.CONFIG["MIN_CHUNK"]
+            assert (p["splits"] - 1) * p["chunk"] < window <= p["splits"] * p["chunk"]  # no empty split
+            assert p["SP"] >= p["splits"] and p["SP"] % p["SB"] == 0
+            if b * 8 * 2 <= ka.CONFIG["PROGRAMS_PER_SM"] * 132:  # room for several splits per (row, head)
+                assert b * 8 * p["splits"] <= 2 * ka.CONFIG["PROGRAMS_PER_SM"] * 132
+    assert ka.plan(1, 8, 256)["chunk"] == ka.CONFIG["MIN_CHUNK"]  # B = 1: as many programs as chunks allow
+    assert ka.plan(1, 8, 256, chunk=256)["splits"] == 1  # a chunk covering the window: one program
+    assert ka.plan(1, 8, 300, chunk=64)["splits"] == 5
+    assert ka.plan(2, 2, 48, chunk=16, config={"USE_DOT": True})["BLOCK_N"] == 16
+    assert ka.plan(2, 2, 48, chunk=8, config={"USE_DOT": True})["BLOCK_N"] == 16  # tensor cores: >= 16
 
 
 # Small blocks and program targets so both the single-pass and the split-K (last arrival reduces) paths run.

@@ -3,13 +3,20 @@
 
 q [B, nh, D]; k_cache, v_cache [B, nkv, S, D]; bias [W] additive (0 / -inf) over the first W positions,
 shared by every row, or [B, 1, 1, W] (rows at different positions).
-One program per (row, kv head) handles that head's nh / nkv query heads and streams the window in
-blocks with an online softmax in fp32. Scores are rounded to the activation dtype and the scaled bias
-add rounded again, as in the torch path; the probabilities are not rounded before the V product (the
-torch path rounds them to the dtype), so bf16 results differ from the reference by a few ulps.
+Scores are rounded to the activation dtype and the scaled bias add rounded again, as in the torch path;
+softmax in fp32; the probabilities are not rounded before the V product (the torch path rounds them to
+the dtype), so bf16 results differ from the reference by a few ulps.
 
-Meant for short windows: the code predictor's 16 positions always; for the talker's long windows, keep
-it only where kernel_bench shows it beating the three torch kernels (one program per kv head).
+Two launch shapes, chosen by `plan` (pure Python):
+  * short windows (the code predictor's 16 positions): one program per (row, kv head) handles that
+    head's nh / nkv query heads and streams the window in blocks with an online softmax in fp32;
+  * long windows (the talker's 256..2048+): split-KV ("flash-decoding"). Grid (B, nkv, splits); each
+    program streams one contiguous chunk of the window and writes its fp32 partial (running max m,
+    sum l, unnormalised acc [G, D]) to a workspace; the program that arrives last at the (row, kv head)
+    counter combines every split in a fixed order (deterministic) and writes the output, then re-arms
+    the counter (graph replays included), as linear.py's split-K does. A split whose positions are
+    all masked (a row shorter than the window) leaves m = -inf, l = 0 and weighs nothing in the
+    combine; masked positions are not read from the caches at all.
 """
 from __future__ import annotations
 
@@ -17,10 +24,20 @@ import functools
 
 import torch
 
+from . import interpreting
 from ._util import next_pow2, require
 from .pdl import launch_options
 
 triton = tl = _pdl_enter = None  # bound on first use by _kernel()
+
+# Split-KV launch plan. Windows below SPLIT_MIN_WINDOW run one program per (row, kv head). Longer ones
+# are cut into chunks (multiples of BLOCK_N, at least MIN_CHUNK positions) so that B * nkv * splits is
+# about PROGRAMS_PER_SM programs per SM. USE_DOT: the two products on tensor cores (query heads padded to
+# 16 rows; bf16 / fp16 probabilities rounded to the dtype before the V product, as the torch path does)
+# instead of FMAs. To be tuned on the device: bench/kernel_bench.py --attention.
+SPLIT_MIN_WINDOW = 128
+CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 2, "USE_DOT": False}
+COMBINE_BLOCK = 16  # splits combined per step by the last program
 
 
 def reference(q, k_cache, v_cache, bias, scale):
@@ -32,6 +49,34 @@ def reference(q, k_cache, v_cache, bias, scale):
     scores = torch.matmul(q.reshape(b, nkv, nh // nkv, d), k_cache[:, :, :window].transpose(-1, -2))
     probs = torch.softmax(torch.add(bias, scores, alpha=scale), dim=-1)
     return torch.matmul(probs, v_cache[:, :, :window])
+
+
+def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None, config=None,
+         block_n: int = 16) -> dict:
+    """Launch parameters (pure Python, testable without a GPU).
+
+    chunk: positions per split program; None lets the plan choose (one program per (row, kv head) below
+    SPLIT_MIN_WINDOW), a chunk >= window forces one program. `config` overrides CONFIG entries;
+    `block_n` is the block of the one-program path."""
+    cfg = {**CONFIG, **(config or {})}
+    one = {"splits": 1, "chunk": window, "BLOCK_N": block_n, "num_warps": 4}
+    if chunk is None:
+        if window < SPLIT_MIN_WINDOW:
+            return one
+        want = max(1, cfg["PROGRAMS_PER_SM"] * sms // max(1, b * nkv))
+        step = cfg["BLOCK_N"]
+        chunk = max(cfg["MIN_CHUNK"], -(-window // want))
+        chunk = -(-chunk // step) * step
+    if chunk >= window:
+        return one
+    splits = -(-window // chunk)
+    block = min(cfg["BLOCK_N"], next_pow2(chunk))
+    if cfg["USE_DOT"]:
+        block = max(16, block)
+    sp = next_pow2(splits)
+    return {"splits": splits, "chunk": chunk, "BLOCK_N": block, "num_warps": cfg["num_warps"],
+            "num_stages": cfg["num_stages"], "USE_DOT": bool(cfg["USE_DOT"]), "SP": sp,
+            "SB": min(sp, COMBINE_BLOCK)}
 
 
 @functools.cache
@@ -81,11 +126,110 @@ def _kernel():
         tl.store(out_ptr + b * stride_ob + (h * G + gi[:, None]) * D + di[None, :], out.to(dt),
                  mask=gmask[:, None])
 
-    return attention_kernel
+    @triton.jit
+    def split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, acc_ptr, ml_ptr, count_ptr,
+                     stride_qb, skb, skh, sks, svb, svh, svs, stride_ob, stride_bias, W, chunk, scale,
+                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SP: tl.constexpr, SB: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+                     PDL: tl.constexpr):
+        _pdl_enter(PDL)  # q, caches, bias, workspace and counters are all read after the wait
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        sp = tl.program_id(2)
+        nkv = tl.num_programs(1)
+        splits = tl.num_programs(2)
+        dt = q_ptr.dtype.element_ty
+        gi = tl.arange(0, R)  # query heads of this kv head, padded to R rows
+        di = tl.arange(0, D)
+        gmask = gi < G
+        q = tl.load(q_ptr + b * stride_qb + (h * G + gi[:, None]) * D + di[None, :], mask=gmask[:, None],
+                    other=0.0)
+        m_i = tl.full([R], float("-inf"), tl.float32)
+        l_i = tl.zeros([R], tl.float32)
+        acc = tl.zeros([R, D], tl.float32)
+        k_base = k_ptr + b * skb + h * skh
+        v_base = v_ptr + b * svb + h * svh
+        lo = sp * chunk
+        hi = tl.minimum(lo + chunk, W)
+        for start in range(lo, hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            bias = tl.load(bias_ptr + b * stride_bias + n, mask=n < hi, other=float("-inf")).to(tl.float32)
+            live = bias != float("-inf")  # masked positions (and those past the chunk) are not read
+            k = tl.load(k_base + n[:, None] * sks + di[None, :], mask=live[:, None], other=0.0)
+            v = tl.load(v_base + n[:, None] * svs + di[None, :], mask=live[:, None], other=0.0)
+            if USE_DOT:
+                if IEEE:
+                    s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+                else:
+                    s = tl.dot(q, tl.trans(k))
+            else:
+                s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [R, BLOCK_N]
+            s = s.to(dt).to(tl.float32)
+            s = (bias[None, :] + scale * s).to(dt).to(tl.float32)  # -inf where masked
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if USE_DOT:
+                if IEEE:
+                    pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(dt), v)
+            else:
+                pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        pair = b * nkv + h
+        slot = pair * splits + sp
+        tl.store(acc_ptr + slot * R * D + gi[:, None] * D + di[None, :], acc)
+        tl.store(ml_ptr + slot * 2 * R + gi, m_i)
+        tl.store(ml_ptr + slot * 2 * R + R + gi, l_i)
+        tl.debug_barrier()  # every thread's partial is written before the counter moves
+        arrived = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
+        if arrived == splits - 1:  # the last arrival combines all splits in a fixed order
+            si = tl.arange(0, SP)
+            ml_base = ml_ptr + pair * splits * 2 * R
+            m_all = tl.load(ml_base + si[:, None] * 2 * R + gi[None, :], mask=(si < splits)[:, None],
+                            other=float("-inf"), cache_modifier=".cg")  # [SP, R]
+            m_top = tl.max(m_all, axis=0)
+            m_top = tl.where(m_top == float("-inf"), 0.0, m_top)  # a fully masked row: 0 / 0 as the reference
+            l_sum = tl.zeros([R], tl.float32)
+            total = tl.zeros([R, D], tl.float32)
+            sj = tl.arange(0, SB)
+            for s0 in range(0, splits, SB):
+                sidx = s0 + sj
+                sok = sidx < splits
+                mb = tl.load(ml_base + sidx[:, None] * 2 * R + gi[None, :], mask=sok[:, None],
+                             other=float("-inf"), cache_modifier=".cg")
+                lb = tl.load(ml_base + sidx[:, None] * 2 * R + R + gi[None, :], mask=sok[:, None], other=0.0,
+                             cache_modifier=".cg")
+                wgt = tl.exp(mb - m_top[None, :])  # [SB, R]; 0 for masked splits
+                l_sum += tl.sum(wgt * lb, axis=0)
+                ab = tl.load(acc_ptr + ((pair * splits + sidx) * R * D)[:, None, None] + gi[None, :, None] * D
+                             + di[None, None, :], mask=sok[:, None, None], other=0.0, cache_modifier=".cg")
+                total += tl.sum(wgt[:, :, None] * ab, axis=0)
+            out = total / l_sum[:, None]
+            tl.store(out_ptr + b * stride_ob + (h * G + gi[:, None]) * D + di[None, :], out.to(dt),
+                     mask=gmask[:, None])
+            tl.atomic_xchg(count_ptr + pair, 0)  # re-arm for the next launch
+
+    return attention_kernel, split_kernel
 
 
-def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = False):
-    """Same contract as reference: returns [B, nkv, g, D] (contiguous, so .view(B, nh * D) is free)."""
+@functools.cache
+def _counters(device) -> torch.Tensor:
+    """Split-KV arrival counters, one per (row, kv head); each launch leaves them at zero."""
+    return torch.zeros(1 << 12, dtype=torch.int32, device=device)
+
+
+def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = False, chunk: int | None = None,
+              config=None):
+    """Same contract as reference: returns [B, nkv, g, D] (contiguous, so .view(B, nh * D) is free).
+
+    chunk / config: see `plan` (None: the plan's choice for this device)."""
+    from .linear import _sm_count
+
     b, nh, d = q.shape
     nkv = k_cache.shape[1]
     g = nh // nkv
@@ -94,7 +238,23 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
     require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and bias.is_contiguous(), "contiguous caches and bias")
     per_row = bias.dim() > 1 and bias.shape[0] == b > 1
     out = torch.empty(b, nkv, g, d, dtype=q.dtype, device=q.device)
-    _kernel()[(b, nkv)](q, k_cache, v_cache, bias, out, q.stride(0), *k_cache.stride()[:3],
-                        *v_cache.stride()[:3], out.stride(0), window if per_row else 0, window, float(scale),
-                        G=g, GP=max(next_pow2(g), 1), D=d, BLOCK_N=block_n, num_warps=4, **launch_options(pdl))
+    p = plan(b, nkv, window, _sm_count(q.device), chunk, config, block_n)
+    single, split = _kernel()
+    args = (q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), window if per_row else 0,
+            window)
+    if p["splits"] == 1:
+        single[(b, nkv)](q, k_cache, v_cache, bias, out, *args, float(scale), G=g, GP=max(next_pow2(g), 1), D=d,
+                         BLOCK_N=p["BLOCK_N"], num_warps=4, **launch_options(pdl))
+        return out
+    rows = max(16, next_pow2(g)) if p["USE_DOT"] else next_pow2(g)
+    slots = b * nkv * p["splits"]
+    part = torch.empty(slots, rows, d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(slots, 2, rows, dtype=torch.float32, device=q.device)
+    counters = _counters(q.device)
+    require(b * nkv <= counters.numel(), "split-kv counters for every (row, kv head)")
+    split[(b, nkv, p["splits"])](
+        q, k_cache, v_cache, bias, out, part, ml, counters, *args, p["chunk"], float(scale),
+        G=g, R=rows, D=d, BLOCK_N=p["BLOCK_N"], SP=p["SP"], SB=p["SB"], USE_DOT=p["USE_DOT"],
+        IEEE=q.dtype == torch.float32 or interpreting(), num_warps=p["num_warps"], num_stages=p["num_stages"],
+        **launch_options(pdl))
     return out

@@ -69,7 +69,7 @@ def check_linear(device, dtype, m, n, k, prologue="none", residual=False, bias=F
     nw = _rand((k,), dtype, device, seed + 2, 0.2, 1.0) if prologue == "rms_norm" else None
     b = _rand((n,), dtype, device, seed + 3) if bias else None
     r = _rand((m, 1, n), dtype, device, seed + 4) if residual else None
-    args = dict(prologue=prologue, norm_weight=nw, eps=1e-6, bias=b, residual=r)
+    args = {"prologue": prologue, "norm_weight": nw, "eps": 1e-6, "bias": b, "residual": r}
     splits = kl.plan(m, n, k, config, target)["splits"]
     _close(kl.linear(x, w, **args, config=config, target=target), kl.exact(x, w, **args), LINEAR_TOL[dtype],
            f"linear {dtype} M={m} N={n} K={k} {prologue} residual={residual} bias={bias} splits={splits}")
@@ -127,22 +127,30 @@ def check_qk_norm_rope_kv_prefill(device, dtype, t, nh=16, nkv=8, d=128, seq=Non
 
 
 def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, filled=9, seed=0, block_n=16,
-                    per_row=False):
-    """per_row: row i sees `filled - i` positions (a [B, 1, 1, W] bias, rows of different lengths)."""
+                    per_row=False, lengths=None, chunk=None, config=None):
+    """per_row: row i sees `filled - i` positions (a [B, 1, 1, W] bias, rows of different lengths);
+    lengths: each row's own count of visible positions instead (per-row bias). chunk / config: the
+    launch plan (attention.plan; None: the plan's choice). Returns the plan that ran."""
     from . import attention as k
 
     q = _rand((b, nh, d), dtype, device, seed)
     kc = _rand((b, nkv, seq, d), dtype, device, seed + 1)
     vc = _rand((b, nkv, seq, d), dtype, device, seed + 2)
-    if per_row:
-        seen = torch.tensor([max(1, filled - i) for i in range(b)])[:, None]
+    if per_row or lengths is not None:
+        seen = lengths if lengths is not None else [max(1, filled - i) for i in range(b)]
+        seen = torch.tensor(seen)[:, None]
         bias = torch.where(torch.arange(window)[None] < seen, 0.0, float("-inf"))[:, None, None]
         bias = bias.to(dtype).to(device)
     else:
         bias = torch.where(torch.arange(window) < filled, 0.0, float("-inf")).to(dtype).to(device)
     scale = d ** -0.5
-    _close(k.attention(q, kc, vc, bias, scale, block_n=block_n), k.reference(q, kc, vc, bias, scale),
-           ATTN_TOL[dtype], f"attention {dtype} B={b} W={window}")
+    from .linear import _sm_count
+
+    launch = k.plan(b, nkv, window, _sm_count(torch.device(device)), chunk, config, block_n)
+    _close(k.attention(q, kc, vc, bias, scale, block_n=block_n, chunk=chunk, config=config),
+           k.reference(q, kc, vc, bias, scale), ATTN_TOL[dtype],
+           f"attention {dtype} B={b} W={window} splits={launch['splits']} chunk={launch['chunk']}")
+    return launch
 
 
 # ------------------------------------------------------------------------------------------------
