@@ -1,0 +1,92 @@
+"""Split-KV ("flash-decoding") decode attention on CUDA at the talker's shapes (nh 16, nkv 8, D 128 for
+0.6B and 1.7B; windows 256..2048, multiples of frame_graph.WINDOW_STEP) against the torch reference, with
+per-row lengths (rows shorter than the window leave whole splits masked), and inside a CUDA graph whose
+replays must find the arrival counters re-armed. Tolerances: engine/kernels/selftest.py ATTN_TOL."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+from engine import kernels
+from engine.kernels import attention as ka
+from engine.kernels import pdl as kpdl
+from engine.kernels import selftest as st
+
+DEV = "cuda"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+NH, NKV, D = 16, 8, 128
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _need_triton():  # CUDA itself is checked by the gpu marker (tests/conftest.py)
+    ok, why = kernels.available("cuda")
+    if not ok:
+        pytest.skip(why)
+
+
+def lengths(b: int, window: int) -> list:
+    """Row 0 is the longest (it set the window); the others shorter, one of them a single position."""
+    return [1 if 0 < i == b - 1 else max(1, window - 3 - window * i // b) for i in range(b)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", [1, 4, 16])
+@pytest.mark.parametrize("window", [256, 512, 1024, 2048])
+@pytest.mark.parametrize("dot", [False, True], ids=["fma", "dot"])
+def test_talker_windows(dtype, b, window, dot):
+    launch = st.check_attention(DEV, dtype, b, NH, NKV, D, seq=window + 64, window=window,
+                                lengths=lengths(b, window), seed=b + window, config={"USE_DOT": dot})
+    assert launch["splits"] > 1, launch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("chunk", [32, 64, 128, 256, 512])
+def test_chunks(dtype, chunk):
+    for b in (1, 16):
+        st.check_attention(DEV, dtype, b, NH, NKV, D, seq=1100, window=1024, lengths=lengths(b, 1024),
+                           chunk=chunk, seed=chunk + b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_shared_bias(dtype):
+    for window in (256, 1024):
+        st.check_attention(DEV, dtype, 4, NH, NKV, D, seq=window + 8, window=window, filled=window - 100, seed=3)
+
+
+@pytest.mark.parametrize("dot", [False, True], ids=["fma", "dot"])
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_split_in_cuda_graph(dot, pdl):
+    """One capture, replays with other queries, caches and row lengths: each matches the reference
+    (the counters re-arm), and two replays of the same inputs give the same bits."""
+    if pdl and not kpdl.support(DEV)[0]:
+        pytest.skip(kpdl.support(DEV)[1])
+    b, window, dt = 4, 1024, torch.bfloat16
+    cfg = {"USE_DOT": dot}
+    q = torch.randn(b, NH, D, device=DEV, dtype=dt)
+    kc, vc = (torch.randn(b, NKV, 2048, D, device=DEV, dtype=dt) for _ in range(2))
+    bias = torch.zeros(b, 1, 1, window, device=DEV, dtype=dt)
+
+    def set_lengths(seen):
+        pos = torch.arange(window, device=DEV)[None] < torch.tensor(seen, device=DEV)[:, None]
+        bias.copy_(torch.where(pos, 0.0, float("-inf")).to(dt)[:, None, None])
+
+    set_lengths([window, 700, 300, 1])
+    assert ka.plan(b, NKV, window, torch.cuda.get_device_properties(0).multi_processor_count, None, cfg)["splits"] > 1
+    ka.attention(q, kc, vc, bias, D ** -0.5, config=cfg, pdl=pdl)  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ka.attention(q, kc, vc, bias, D ** -0.5, config=cfg, pdl=pdl)
+    for seen in ([900, 1024, 5, 513], [1, 2, 1000, 256]):
+        q.copy_(torch.randn_like(q))
+        kc.mul_(-1.5)
+        set_lengths(seen)
+        g.replay()
+        torch.cuda.synchronize()
+        first = out.clone()
+        torch.testing.assert_close(out.float(), ka.reference(q, kc, vc, bias, D ** -0.5).float(),
+                                   atol=3.2e-2, rtol=3.2e-2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
+    assert int(ka._counters(out.device).abs().sum()) == 0
