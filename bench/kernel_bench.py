@@ -4,6 +4,7 @@ Each op is captured 50 times into one CUDA graph and the graph replayed, so the 
 the in-graph launch cost the whole-frame graph pays. Rows M = 1, 4, 8, 16; 0.6B / 1.7B widths.
 
     python bench/kernel_bench.py --out bench/results/kernels [--dtype bf16] [--reps 20]
+    python bench/kernel_bench.py --attention --out bench/results/kernels [--rows 1 16] [--windows 256 1024]
 """
 from __future__ import annotations
 
@@ -67,9 +68,10 @@ def linear_case(dt, dev, m, n, k, prologue, residual, bias, **launch):
     copies = max(2, L2_BYTES // (n * k * 2))
     ws = [torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5 for _ in range(copies)]
     x = torch.randn(m, 1, 2 * k if prologue == "silu_mul" else k, device=dev, dtype=dt)
-    args = dict(prologue=prologue, norm_weight=torch.ones(k, device=dev, dtype=dt) if prologue == "rms_norm" else None,
-                bias=torch.zeros(n, device=dev, dtype=dt) if bias else None,
-                residual=torch.zeros(m, 1, n, device=dev, dtype=dt) if residual else None)
+    args = {"prologue": prologue,
+            "norm_weight": torch.ones(k, device=dev, dtype=dt) if prologue == "rms_norm" else None,
+            "bias": torch.zeros(n, device=dev, dtype=dt) if bias else None,
+            "residual": torch.zeros(m, 1, n, device=dev, dtype=dt) if residual else None}
     turn = [0]
 
     def weight():
@@ -119,6 +121,61 @@ def linear_sweep(dt, dev, reps, row_counts=(1, 16)):
     return rows
 
 
+def attention_sweep(dt, dev, reps, row_counts=(1, 16), windows=(256, 512, 1024, 2048)):
+    """The talker's attention (nh 16, nkv 8, D 128; per-row [B, 1, 1, W] bias, every row at W - 3
+    positions) as torch's four ops against the Triton kernel: one program per (row, kv head), and the
+    split-KV path at the plan's chunk and at fixed chunks, FMA and tensor-core products, with and
+    without PDL. Each call reads the next of several cache copies (HBM-bound, as 28 layers are)."""
+    rows = []
+    for m in row_counts:
+        for w in windows:
+            rows += attention_point(dt, dev, reps, m, w)
+    return rows
+
+
+def attention_point(dt, dev, reps, m, w, nh=16, nkv=8, d=128):
+    from engine.kernels import pdl as kpdl
+
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    copies = max(2, L2_BYTES // (2 * m * nkv * w * d * dt.itemsize))
+    caches = [(torch.randn(m, nkv, w, d, device=dev, dtype=dt), torch.randn(m, nkv, w, d, device=dev, dtype=dt))
+              for _ in range(copies)]
+    q = torch.randn(m, nh, d, device=dev, dtype=dt)
+    seen = torch.arange(w, device=dev)[None] < torch.full((m, 1), w - 3, device=dev)
+    bias = torch.where(seen, 0.0, float("-inf")).to(dt)[:, None, None].contiguous()
+    turn = [0]
+
+    def kv():
+        turn[0] += 1
+        return caches[turn[0] % copies]
+
+    def ref():
+        return attention.reference(q, *kv(), bias, d ** -0.5)
+
+    t_ref = graph_time_us(ref, reps=reps)
+    variants = [("one_program", {"chunk": w, "block_n": 32}, False)]
+    for dot in (False, True):
+        tag = "dot" if dot else "fma"
+        variants.append((f"split_{tag}_plan", {"config": {"USE_DOT": dot}}, False))
+        if kpdl.support(dev)[0]:
+            variants.append((f"split_{tag}_plan_pdl", {"config": {"USE_DOT": dot}}, True))
+        variants += [(f"split_{tag}", {"config": {"USE_DOT": dot}, "chunk": c}, False) for c in (32, 64, 128, 256)
+                     if c < w]
+    rows = []
+    for name, kw, use_pdl in variants:
+        def fn(kw=kw, use_pdl=use_pdl):
+            return attention.attention(q, *kv(), bias, d ** -0.5, pdl=use_pdl, **kw)
+
+        t = graph_time_us(fn, reps=reps)
+        p = attention.plan(m, nkv, w, sms, kw.get("chunk"), kw.get("config"), kw.get("block_n", 16))
+        rows.append({"B": m, "W": w, "variant": name, "chunk": p["chunk"], "splits": p["splits"], "pdl": use_pdl,
+                     "us": round(t, 2), "torch_us": round(t_ref, 2), "speedup": round(t_ref / t, 2),
+                     "GBps": round(2 * m * nkv * w * d * dt.itemsize / t / 1e3, 1)})
+        print(f"B={m:2d} W={w:5d} {name:22s} chunk={p['chunk']:5d} splits={p['splits']:3d} "
+              f"{t:8.2f} us  torch {t_ref:8.2f} us  x{t_ref / t:5.2f}", flush=True)
+    return rows
+
+
 def cases(dt, dev):
     """(name, shape dict, triton fn, reference fn, torch kernels replaced) at decode shapes."""
     out = []
@@ -146,7 +203,12 @@ def cases(dt, dev):
             bias = torch.zeros(w, device=dev, dtype=dt)
             for bn in ((16,) if w == 16 else (32, 64)):
                 out.append(("attention", {"B": m, "W": w, "block_n": bn},
-                            lambda a=(q, kc, vc, bias, d ** -0.5), bn=bn: attention.attention(*a, block_n=bn),
+                            lambda a=(q, kc, vc, bias, d ** -0.5), bn=bn, w=w: attention.attention(*a, block_n=bn,
+                                                                                                  chunk=w),
+                            lambda a=(q, kc, vc, bias, d ** -0.5): attention.reference(*a)))
+            if w > 16:  # the split-KV path at the plan's chunk (what the talker runs)
+                out.append(("attention", {"B": m, "W": w, "split": True},
+                            lambda a=(q, kc, vc, bias, d ** -0.5): attention.attention(*a),
                             lambda a=(q, kc, vc, bias, d ** -0.5): attention.reference(*a)))
         for vocab, k, p in ((3072, 50, 1.0), (2048, 50, 1.0), (2048, 50, 0.9), (2048, 0, 0.95)):
             lg, st = selftest.sampling_case(dev, m, vocab, 0, top_k=k, top_p=p)
@@ -172,7 +234,10 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--linear-sweep", action="store_true", help="only sweep linear launch configurations")
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="row counts for --linear-sweep")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="row counts for --linear-sweep / --attention")
+    ap.add_argument("--attention", action="store_true",
+                    help="only the talker attention: torch against the Triton kernel's launch shapes")
+    ap.add_argument("--windows", type=int, nargs="+", default=[256, 512, 1024, 2048], help="windows for --attention")
     args = ap.parse_args()
     ok, why = kernels.available("cuda")
     if not ok:
@@ -184,6 +249,17 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         tag = "" if args.rows == [1, 16] else "_rows" + "_".join(map(str, args.rows))
         (out / f"linear_sweep_{args.dtype}{tag}.json").write_text(json.dumps(rows, indent=1))
+        return
+    if args.attention:
+        rows = attention_sweep(dt, dev, args.reps, args.rows, args.windows)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": args.dtype,
+                "triton": __import__("triton").__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "method": "median of graph replays, 50 calls per graph, cache copies rotated past L2"}
+        path = out / f"attention_sweep_{args.dtype}.json"
+        path.write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+        print(f"wrote {path}")
         return
     rows = []
     for name, shape, fn, ref in cases(dt, dev):

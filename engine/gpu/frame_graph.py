@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16)
 WINDOW_STEP = 256  # attention windows are multiples of this many positions
+# The talker's attention runs as the Triton kernel (split-KV over its 256+ position windows: one launch,
+# and it keeps the programmatic-dependent-launch chain) when True, as torch's matmul + add + softmax +
+# matmul when False. The one-program-per-kv-head kernel lost to cuBLAS there
+# (bench/results/kernel_bench_bf16.json); compare with bench/kernel_bench.py --attention.
+TALKER_TRITON_ATTENTION = True
 
 
 def batch_bucket(takes: int) -> int:
@@ -47,7 +52,7 @@ class FrameState:
         self.cache = talker.new_cache(batch, max_len)
         self.pred_cache = talker.code_predictor.new_cache(batch)
         self.hidden = torch.zeros(batch, hidden, device=dev, dtype=dt)
-        long = dict(dtype=torch.long, device=dev)
+        long = {"dtype": torch.long, "device": dev}
         self.pos = torch.zeros(batch, **long)  # cache position each row writes next
         self.t = torch.zeros(batch, **long)  # frames each row has produced
         self.limit = torch.zeros(batch, **long)  # each row's frame budget
@@ -67,7 +72,7 @@ class FrameState:
         self.pred_rope = None  # filled by GraphedFrames (needs the predictor's rotary tables)
         self.banned = torch.zeros(vocab, dtype=torch.bool, device=dev)
         self.eos_mask = torch.zeros(vocab, dtype=torch.bool, device=dev)
-        f32 = dict(device=dev, dtype=torch.float32)
+        f32 = {"device": dev, "dtype": torch.float32}
         self.p = {  # sampling settings, 0-d device tensors
             "do_sample": torch.zeros((), dtype=torch.bool, device=dev), "temperature": torch.ones((), **f32),
             "top_k": torch.zeros((), dtype=torch.long, device=dev), "top_p": torch.ones((), **f32),
@@ -186,9 +191,7 @@ class GraphedFrames:
         self.talker = talker
         self.kernels = kernels
         talker_kernels = self.kernels
-        if self.kernels and "attention" in self.kernels.active:
-            # The Triton decode attention wins on the predictor's 16-position window but loses to cuBLAS at
-            # talker windows of 256+ (bench/results/kernel_bench_bf16.json), so the talker keeps torch's.
+        if self.kernels and "attention" in self.kernels.active and not TALKER_TRITON_ATTENTION:
             talker_kernels = self.kernels.without("attention")
         self.fused = {"talker": FusedStack(talker.model, talker_kernels),
                       "predictor": FusedStack(talker.code_predictor.model, self.kernels)}
