@@ -133,6 +133,14 @@ def test_attention_split_shared_bias(dtype):
     assert launch["splits"] == 4
 
 
+@pytest.mark.parametrize("nh,nkv", [(6, 2), (2, 2)], ids=["G3", "G1"])
+@pytest.mark.parametrize("dot", [False, True], ids=["fma", "dot"])
+def test_attention_split_other_groups(nh, nkv, dot):
+    """Query heads per kv head not a power of two (padded rows), and no GQA."""
+    st.check_attention(DEV, torch.float32, 2, nh=nh, nkv=nkv, d=32, seq=100, window=96, lengths=[96, 20], chunk=32,
+                       config={"USE_DOT": dot})
+
+
 def test_attention_split_is_deterministic_and_rearms():
     """Two launches give the same bits (fixed combine order), and the second finds its counters at zero."""
     from engine.kernels import attention as ka

@@ -129,7 +129,7 @@ def _kernel():
     @triton.jit
     def split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, acc_ptr, ml_ptr, count_ptr,
                      stride_qb, skb, skh, sks, svb, svh, svs, stride_ob, stride_bias, W, chunk, scale,
-                     G: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                     G: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                      SP: tl.constexpr, SB: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
                      PDL: tl.constexpr):
         _pdl_enter(PDL)  # q, caches, bias, workspace and counters are all read after the wait
@@ -180,38 +180,42 @@ def _kernel():
                 pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
+        # The partial of the first GP rows (the query heads, padded to a power of two; tensor-core padding
+        # rows beyond are not kept): acc [GP, D], then m [GP] and l [GP].
         pair = b * nkv + h
         slot = pair * splits + sp
-        tl.store(acc_ptr + slot * R * D + gi[:, None] * D + di[None, :], acc)
-        tl.store(ml_ptr + slot * 2 * R + gi, m_i)
-        tl.store(ml_ptr + slot * 2 * R + R + gi, l_i)
+        keep = gi < GP
+        tl.store(acc_ptr + slot * GP * D + gi[:, None] * D + di[None, :], acc, mask=keep[:, None])
+        tl.store(ml_ptr + slot * 2 * GP + gi, m_i, mask=keep)
+        tl.store(ml_ptr + slot * 2 * GP + GP + gi, l_i, mask=keep)
         tl.debug_barrier()  # every thread's partial is written before the counter moves
         arrived = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
         if arrived == splits - 1:  # the last arrival combines all splits in a fixed order
+            ci = tl.arange(0, GP)
             si = tl.arange(0, SP)
-            ml_base = ml_ptr + pair * splits * 2 * R
-            m_all = tl.load(ml_base + si[:, None] * 2 * R + gi[None, :], mask=(si < splits)[:, None],
-                            other=float("-inf"), cache_modifier=".cg")  # [SP, R]
+            ml_base = ml_ptr + pair * splits * 2 * GP
+            m_all = tl.load(ml_base + si[:, None] * 2 * GP + ci[None, :], mask=(si < splits)[:, None],
+                            other=float("-inf"), cache_modifier=".cg")  # [SP, GP]
             m_top = tl.max(m_all, axis=0)
             m_top = tl.where(m_top == float("-inf"), 0.0, m_top)  # a fully masked row: 0 / 0 as the reference
-            l_sum = tl.zeros([R], tl.float32)
-            total = tl.zeros([R, D], tl.float32)
+            l_sum = tl.zeros([GP], tl.float32)
+            total = tl.zeros([GP, D], tl.float32)
             sj = tl.arange(0, SB)
             for s0 in range(0, splits, SB):
                 sidx = s0 + sj
                 sok = sidx < splits
-                mb = tl.load(ml_base + sidx[:, None] * 2 * R + gi[None, :], mask=sok[:, None],
+                mb = tl.load(ml_base + sidx[:, None] * 2 * GP + ci[None, :], mask=sok[:, None],
                              other=float("-inf"), cache_modifier=".cg")
-                lb = tl.load(ml_base + sidx[:, None] * 2 * R + R + gi[None, :], mask=sok[:, None], other=0.0,
+                lb = tl.load(ml_base + sidx[:, None] * 2 * GP + GP + ci[None, :], mask=sok[:, None], other=0.0,
                              cache_modifier=".cg")
-                wgt = tl.exp(mb - m_top[None, :])  # [SB, R]; 0 for masked splits
+                wgt = tl.exp(mb - m_top[None, :])  # [SB, GP]; 0 for masked splits
                 l_sum += tl.sum(wgt * lb, axis=0)
-                ab = tl.load(acc_ptr + ((pair * splits + sidx) * R * D)[:, None, None] + gi[None, :, None] * D
+                ab = tl.load(acc_ptr + ((pair * splits + sidx) * GP * D)[:, None, None] + ci[None, :, None] * D
                              + di[None, None, :], mask=sok[:, None, None], other=0.0, cache_modifier=".cg")
                 total += tl.sum(wgt[:, :, None] * ab, axis=0)
             out = total / l_sum[:, None]
-            tl.store(out_ptr + b * stride_ob + (h * G + gi[:, None]) * D + di[None, :], out.to(dt),
-                     mask=gmask[:, None])
+            tl.store(out_ptr + b * stride_ob + (h * G + ci[:, None]) * D + di[None, :], out.to(dt),
+                     mask=(ci < G)[:, None])
             tl.atomic_xchg(count_ptr + pair, 0)  # re-arm for the next launch
 
     return attention_kernel, split_kernel
@@ -246,15 +250,15 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
         single[(b, nkv)](q, k_cache, v_cache, bias, out, *args, float(scale), G=g, GP=max(next_pow2(g), 1), D=d,
                          BLOCK_N=p["BLOCK_N"], num_warps=4, **launch_options(pdl))
         return out
-    rows = max(16, next_pow2(g)) if p["USE_DOT"] else next_pow2(g)
+    gp = next_pow2(g)
     slots = b * nkv * p["splits"]
-    part = torch.empty(slots, rows, d, dtype=torch.float32, device=q.device)
-    ml = torch.empty(slots, 2, rows, dtype=torch.float32, device=q.device)
+    part = torch.empty(slots, gp, d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(slots, 2, gp, dtype=torch.float32, device=q.device)
     counters = _counters(q.device)
     require(b * nkv <= counters.numel(), "split-kv counters for every (row, kv head)")
     split[(b, nkv, p["splits"])](
         q, k_cache, v_cache, bias, out, part, ml, counters, *args, p["chunk"], float(scale),
-        G=g, R=rows, D=d, BLOCK_N=p["BLOCK_N"], SP=p["SP"], SB=p["SB"], USE_DOT=p["USE_DOT"],
+        G=g, GP=gp, R=max(16, gp) if p["USE_DOT"] else gp, D=d, BLOCK_N=p["BLOCK_N"], SP=p["SP"], SB=p["SB"], USE_DOT=p["USE_DOT"],
         IEEE=q.dtype == torch.float32 or interpreting(), num_warps=p["num_warps"], num_stages=p["num_stages"],
         **launch_options(pdl))
     return out
