@@ -159,7 +159,7 @@ def attention_point(dt, dev, reps, m, w, nh=16, nkv=8, d=128):
         variants.append((f"split_{tag}_plan", {"config": {"USE_DOT": dot}}, False))
         if kpdl.support(dev)[0]:
             variants.append((f"split_{tag}_plan_pdl", {"config": {"USE_DOT": dot}}, True))
-        variants += [(f"split_{tag}", {"config": {"USE_DOT": dot}, "chunk": c}, False) for c in (32, 64, 128, 256)
+        variants += [(f"split_{tag}", {"config": {"USE_DOT": dot}, "chunk": c}, False) for c in (16, 32, 64, 128, 256)
                      if c < w]
     rows = []
     for name, kw, use_pdl in variants:

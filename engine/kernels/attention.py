@@ -36,7 +36,7 @@ triton = tl = _pdl_enter = None  # bound on first use by _kernel()
 # 16 rows; bf16 / fp16 probabilities rounded to the dtype before the V product, as the torch path does)
 # instead of FMAs. To be tuned on the device: bench/kernel_bench.py --attention.
 SPLIT_MIN_WINDOW = 128
-CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 2, "num_warps": 4, "num_stages": 2, "USE_DOT": False}
+CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 2, "USE_DOT": False}
 COMBINE_BLOCK = 16  # splits combined per step by the last program
 
 
