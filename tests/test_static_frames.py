@@ -59,3 +59,20 @@ def test_batch_buckets():
     assert [frame_graph.batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 16)] == [1, 2, 4, 8, 8, 16, 16]
     with pytest.raises(ValueError):
         frame_graph.batch_bucket(17)
+
+
+@pytest.mark.parametrize("choice,expected", [("", True), ("torch", False), ("triton", True)])
+def test_talker_attention_switch(engine, monkeypatch, choice, expected):
+    """The talker runs the kernels' attention unless TALKER_TRITON_ATTENTION (or its environment override)
+    says torch; the predictor always does. Building the runner launches nothing."""
+    from engine.kernels import Kernels
+
+    monkeypatch.setenv(frame_graph.TALKER_ATTENTION_ENV, choice)
+    ks = Kernels(("linear", "attention"))
+    runner = GraphedFrames(engine.talker, 400, capture=False, kernels=ks)
+    assert ("attention" in runner.fused["talker"].ks.active) == expected
+    assert "attention" in runner.fused["predictor"].ks.active
+    monkeypatch.delenv(frame_graph.TALKER_ATTENTION_ENV)
+    monkeypatch.setattr(frame_graph, "TALKER_TRITON_ATTENTION", False)
+    runner = GraphedFrames(engine.talker, 400, capture=False, kernels=ks)
+    assert "attention" not in runner.fused["talker"].ks.active

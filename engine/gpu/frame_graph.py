@@ -13,6 +13,7 @@ host; the decode loop reads the finished flags once per chunk and admits new row
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
@@ -30,8 +31,16 @@ WINDOW_STEP = 256  # attention windows are multiples of this many positions
 # The talker's attention runs as the Triton kernel (split-KV over its 256+ position windows: one launch,
 # and it keeps the programmatic-dependent-launch chain) when True, as torch's matmul + add + softmax +
 # matmul when False. The one-program-per-kv-head kernel lost to cuBLAS there
-# (bench/results/kernel_bench_bf16.json); compare with bench/kernel_bench.py --attention.
+# (bench/results/kernel_bench_bf16.json); compare with bench/kernel_bench.py --attention and, whole
+# frames, bench/talker_attention_bench.py. QWEN3TTS_TALKER_ATTENTION=torch|triton overrides it (A/B runs).
 TALKER_TRITON_ATTENTION = True
+TALKER_ATTENTION_ENV = "QWEN3TTS_TALKER_ATTENTION"
+
+
+def talker_triton_attention() -> bool:
+    """Whether the talker runs the Triton attention (when the kernels have it): the environment, else the constant."""
+    choice = os.environ.get(TALKER_ATTENTION_ENV, "")
+    return TALKER_TRITON_ATTENTION if choice not in ("torch", "triton") else choice == "triton"
 
 
 def batch_bucket(takes: int) -> int:
@@ -191,7 +200,7 @@ class GraphedFrames:
         self.talker = talker
         self.kernels = kernels
         talker_kernels = self.kernels
-        if self.kernels and "attention" in self.kernels.active and not TALKER_TRITON_ATTENTION:
+        if self.kernels and "attention" in self.kernels.active and not talker_triton_attention():
             talker_kernels = self.kernels.without("attention")
         self.fused = {"talker": FusedStack(talker.model, talker_kernels),
                       "predictor": FusedStack(talker.code_predictor.model, self.kernels)}
