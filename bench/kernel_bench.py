@@ -159,6 +159,9 @@ def attention_point(dt, dev, reps, m, w, nh=16, nkv=8, d=128):
         variants.append((f"split_{tag}_plan", {"config": {"USE_DOT": dot}}, False))
         if kpdl.support(dev)[0]:
             variants.append((f"split_{tag}_plan_pdl", {"config": {"USE_DOT": dot}}, True))
+        for bn, warps in ((16, 4), (32, 4), (32, 8), (64, 8)):  # the plan's chunk rule at other tiles
+            cfg = {"USE_DOT": dot, "BLOCK_N": bn, "MIN_CHUNK": max(bn, 32), "num_warps": warps}
+            variants.append((f"split_{tag}_bn{bn}_w{warps}", {"config": cfg}, False))
         variants += [(f"split_{tag}", {"config": {"USE_DOT": dot}, "chunk": c}, False) for c in (16, 32, 64, 128, 256)
                      if c < w]
     rows = []
@@ -171,7 +174,7 @@ def attention_point(dt, dev, reps, m, w, nh=16, nkv=8, d=128):
         rows.append({"B": m, "W": w, "variant": name, "chunk": p["chunk"], "splits": p["splits"], "pdl": use_pdl,
                      "us": round(t, 2), "torch_us": round(t_ref, 2), "speedup": round(t_ref / t, 2),
                      "GBps": round(2 * m * nkv * w * d * dt.itemsize / t / 1e3, 1)})
-        print(f"B={m:2d} W={w:5d} {name:22s} chunk={p['chunk']:5d} splits={p['splits']:3d} "
+        print(f"B={m:2d} W={w:5d} {name:24s} chunk={p['chunk']:5d} splits={p['splits']:3d} "
               f"{t:8.2f} us  torch {t_ref:8.2f} us  x{t_ref / t:5.2f}", flush=True)
     return rows
 
