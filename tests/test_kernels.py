@@ -133,6 +133,12 @@ def test_attention_split_shared_bias(dtype):
     assert launch["splits"] == 4
 
 
+def test_attention_split_narrow_heads_skip_tensor_cores():
+    """D = 8 (the tiny test checkpoints): USE_DOT falls back to FMA products (tl.dot needs 16+)."""
+    st.check_attention(DEV, torch.float32, 2, nh=4, nkv=2, d=8, seq=80, window=64, lengths=[60, 3], chunk=16,
+                       config={"USE_DOT": True})
+
+
 @pytest.mark.parametrize("nh,nkv", [(6, 2), (2, 2)], ids=["G3", "G1"])
 @pytest.mark.parametrize("dot", [False, True], ids=["fma", "dot"])
 def test_attention_split_other_groups(nh, nkv, dot):

@@ -254,6 +254,7 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
                          BLOCK_N=p["BLOCK_N"], num_warps=4, **launch_options(pdl))
         return out
     gp = next_pow2(g)
+    dot = p["USE_DOT"] and d >= 16  # tensor-core products need 16+ wide heads (the tiny test checkpoints: 8)
     slots = b * nkv * p["splits"]
     part = torch.empty(slots, gp, d, dtype=torch.float32, device=q.device)
     ml = torch.empty(slots, 2, gp, dtype=torch.float32, device=q.device)
@@ -261,7 +262,7 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
     require(b * nkv <= counters.numel(), "split-kv counters for every (row, kv head)")
     split[(b, nkv, p["splits"])](
         q, k_cache, v_cache, bias, out, part, ml, counters, *args, p["chunk"], float(scale),
-        G=g, GP=gp, R=max(16, gp) if p["USE_DOT"] else gp, D=d, BLOCK_N=p["BLOCK_N"], SP=p["SP"], SB=p["SB"], USE_DOT=p["USE_DOT"],
+        G=g, GP=gp, R=max(16, gp) if dot else gp, D=d, BLOCK_N=p["BLOCK_N"], SP=p["SP"], SB=p["SB"], USE_DOT=dot,
         IEEE=q.dtype == torch.float32 or interpreting(), num_warps=p["num_warps"], num_stages=p["num_stages"],
         **launch_options(pdl))
     return out
