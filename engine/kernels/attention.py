@@ -5,7 +5,8 @@ q [B, nh, D]; k_cache, v_cache [B, nkv, S, D]; bias [W] additive (0 / -inf) over
 shared by every row, or [B, 1, 1, W] (rows at different positions).
 Scores are rounded to the activation dtype and the scaled bias add rounded again, as in the torch path;
 softmax in fp32; the probabilities are not rounded before the V product (the torch path rounds them to
-the dtype), so bf16 results differ from the reference by a few ulps.
+the dtype; the split path's optional tensor-core products do too), so bf16 results differ from the
+reference by a few ulps.
 
 Two launch shapes, chosen by `plan` (pure Python):
   * short windows (the code predictor's 16 positions): one program per (row, kv head) handles that
