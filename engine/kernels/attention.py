@@ -35,12 +35,14 @@ triton = tl = _pdl_enter = None  # bound on first use by _kernel()
 # are cut into chunks (multiples of BLOCK_N, at least MIN_CHUNK positions) so that B * nkv * splits is
 # about PROGRAMS_PER_SM programs per SM. USE_DOT: the two products on tensor cores (query heads padded to
 # 16 rows; bf16 / fp16 probabilities rounded to the dtype before the V product, as the torch path does)
-# instead of FMAs. To be tuned on the device: bench/kernel_bench.py --attention.
+# instead of FMAs. Chosen from bench/kernel_bench.py --attention (H200, bf16, talker shapes nh 16, nkv 8,
+# D 128, caches past L2; bench/results/attention_sweep_bf16_h200.json): tensor cores, BLOCK_N 32, 4 warps
+# is the fastest shape everywhere and beats torch's four ops at every window: B = 1, W 256 / 512 / 1024 /
+# 2048: 6.0 / 6.9 / 9.6 / 14.8 us against 11.0 / 12.6 / 15.6 / 21.2; B = 16: 12.7 / 17.8 / 27.3 / 46.1
+# against 15.3 / 20.2 / 33.6 / 54.7. FMA products at 8 warps were 1.5-4x slower than that (B = 16, W 256:
+# 37 us), at 4 warps they need 241 registers a thread.
 SPLIT_MIN_WINDOW = 128
-# Registers per thread (ptxas for sm_90a, Triton 3.9, bf16, G = 2, D = 128), FMA products: BLOCK_N 16 at
-# 4 warps 122, 32 at 4 warps 241 (close to spilling; 64 spills), 32 at 8 warps 127, 64 at 8 warps 195;
-# tensor cores: 32 at 4 warps 168, 32 at 8 warps 117.
-CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 4, "num_warps": 8, "num_stages": 2, "USE_DOT": False}
+CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 2, "USE_DOT": True}
 COMBINE_BLOCK = 16  # splits combined per step by the last program
 
 
