@@ -7,9 +7,10 @@ at sorted position k_index (ties kept), probabilities are the softmax over those
 smallest prefix of the descending order whose mass reaches p (the first always kept), and the id is the
 exponential race argmax p_i / -log(u_i).
 
-No sort: the k-th largest value and the top-p cut are found by a 32-step bisection over the
-order-preserving integer keys of the float32 values (each step one count / masked sum over the row held
-in registers), skipped at run time when top-k or top-p is disabled, and the whole sampled branch is
+No sort: the k-th largest value and the top-p cut are found by a bisection over the order-preserving
+integer keys of the float32 values (each step one count / masked sum over the row held in registers; at
+most 32 steps, top-k stops as soon as a candidate keeps exactly k ids), skipped at run time when top-k or
+top-p is disabled, and the whole sampled branch is
 skipped when do_sample is false. Differences from the torch path: only at exact ties of values at the
 top-p boundary (the kernel keeps every tied id; the sort keeps an arbitrary subset) and ulp-level
 rounding of the probabilities (a different summation order), which can flip a race that is tied to
