@@ -61,6 +61,50 @@ def worker(ckpt: Path, frames: int, takes_list, codes_path: Path) -> dict:
     return out
 
 
+def run_worker(ckpt: Path, codes: Path, frames: int, takes, env: dict) -> dict:
+    """worker() in a fresh process with `env` added; its result, or {"error": ...}."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(ckpt), "--codes", str(codes),
+           "--frames", str(frames), "--takes", *map(str, takes)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False, env={**os.environ, **env})
+    sys.stderr.write(proc.stderr[-3000:])
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def take_codes(paths) -> list | None:
+    """The saved codes of each variant (the files are removed), or None if a worker failed."""
+    if not all(p.exists() for p in paths):
+        return None
+    codes = [torch.load(p, weights_only=True) for p in paths]
+    for p in paths:
+        p.unlink()
+    return codes
+
+
+def write_report(out: Path, name: str, column: str, results: dict, frames: int) -> None:
+    """out/name.json and out/name.md: a row per (size, variant, takes); results keys are "size variant"
+    (the variant shown after its last "="), other entries (codes checks, errors) listed below."""
+    meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "frames": frames,
+            "date": time.strftime("%Y-%m-%d")}
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    lines = [(f"{meta['gpu']}, torch {meta['torch']}, bf16, {frames}-frame requests (EOS disabled), best of 3; "
+              "each row a fresh process."), "",
+             f"| model | {column} | takes | decode ms/frame | e2e ms/frame | graph replay ms/frame | kernels/frame | load s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, r in results.items():
+        if "takes" not in r:
+            continue
+        size, variant = key.split(" ")
+        for takes, row in r["takes"].items():
+            lines.append(f"| {size} | {variant.split('=')[-1]} | {takes} | {row['decode_ms_per_frame']:.3f} | "
+                         f"{row['e2e_ms_per_frame']:.3f} | {row['graph_ms_per_frame']:.3f} | "
+                         f"{r['kernels_per_frame']} | {r['load_s']:.2f} |")
+    lines += [f"\n{key}: {r}" for key, r in results.items() if "takes" not in r]
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", type=Path)
@@ -79,43 +123,15 @@ def main() -> None:
     results = {}
     for size in args.sizes:
         ckpt = checkpoint(size)
+        paths = []
         for pdl in ("0", "1"):
-            codes = args.out / f"codes_{size}_pdl{pdl}.pt"
-            cmd = [sys.executable, __file__, "--worker", str(ckpt), "--codes", str(codes), "--frames",
-                   str(args.frames), "--takes", *map(str, args.takes)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False,
-                                  env={**os.environ, "QWEN3TTS_PDL": pdl})
-            sys.stderr.write(proc.stderr[-3000:])
-            if proc.returncode != 0:
-                results[f"{size} pdl={pdl}"] = {"error": proc.stderr.strip().splitlines()[-1:]}
-                continue
-            results[f"{size} pdl={pdl}"] = json.loads(proc.stdout.strip().splitlines()[-1])
-        pair = [args.out / f"codes_{size}_pdl{p}.pt" for p in "01"]
-        if all(p.exists() for p in pair):
-            a, b = (torch.load(p, weights_only=True) for p in pair)
+            paths.append(args.out / f"codes_{size}_pdl{pdl}.pt")
+            results[f"{size} pdl={pdl}"] = run_worker(ckpt, paths[-1], args.frames, args.takes, {"QWEN3TTS_PDL": pdl})
+        codes = take_codes(paths)
+        if codes is not None:
+            a, b = codes
             results[f"{size} codes identical"] = {str(k): bool(torch.equal(a[k], b[k])) for k in a}
-            for p in pair:
-                p.unlink()
-    meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "frames": args.frames,
-            "date": time.strftime("%Y-%m-%d")}
-    (args.out / "pdl.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    lines = [(f"{meta['gpu']}, torch {meta['torch']}, bf16, {args.frames}-frame requests (EOS disabled), best of 3; "
-              "each row a fresh process."), "",
-             "| model | PDL | takes | decode ms/frame | e2e ms/frame | graph replay ms/frame | kernels/frame | load s |",
-             "|---|---|---|---|---|---|---|---|"]
-    for key, r in results.items():
-        if "takes" not in r:
-            continue
-        size, pdl = key.split(" ")
-        for takes, row in r["takes"].items():
-            lines.append(f"| {size} | {pdl.split('=')[1]} | {takes} | {row['decode_ms_per_frame']:.3f} | "
-                         f"{row['e2e_ms_per_frame']:.3f} | {row['graph_ms_per_frame']:.3f} | "
-                         f"{r['kernels_per_frame']} | {r['load_s']:.2f} |")
-    for key, r in results.items():
-        if "identical" in key or "error" in r:
-            lines.append(f"\n{key}: {r}")
-    (args.out / "pdl.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "pdl", "PDL", results, args.frames)
 
 
 if __name__ == "__main__":

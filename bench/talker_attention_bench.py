@@ -13,14 +13,8 @@ after a while: the share of identical frames is reported, not required. --frames
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,50 +31,24 @@ def main() -> None:
     ap.add_argument("--takes", type=int, nargs="+", default=[1, 16])
     args = ap.parse_args()
     from gpu_bench import checkpoint
+    from pdl_bench import run_worker, take_codes, write_report
 
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for size in args.sizes:
         ckpt = checkpoint(size)
+        paths = []
         for choice in CHOICES:
-            codes = args.out / f"codes_{size}_{choice}.pt"
-            cmd = [sys.executable, str(ROOT / "bench" / "pdl_bench.py"), "--worker", str(ckpt), "--codes", str(codes),
-                   "--frames", str(args.frames), "--takes", *map(str, args.takes)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False,
-                                  env={**os.environ, "QWEN3TTS_TALKER_ATTENTION": choice})
-            sys.stderr.write(proc.stderr[-3000:])
-            if proc.returncode != 0:
-                results[f"{size} {choice}"] = {"error": proc.stderr.strip().splitlines()[-1:]}
-                continue
-            results[f"{size} {choice}"] = json.loads(proc.stdout.strip().splitlines()[-1])
-        pair = [args.out / f"codes_{size}_{c}.pt" for c in CHOICES]
-        if all(p.exists() for p in pair):
-            a, b = (torch.load(p, weights_only=True) for p in pair)
+            paths.append(args.out / f"codes_{size}_{choice}.pt")
+            results[f"{size} {choice}"] = run_worker(ckpt, paths[-1], args.frames, args.takes,
+                                                     {"QWEN3TTS_TALKER_ATTENTION": choice})
+        codes = take_codes(paths)
+        if codes is not None:
+            a, b = codes
             results[f"{size} identical frames"] = {
                 str(k): round(float((a[k] == b[k]).all(-1).float().mean()), 4) if a[k].shape == b[k].shape
                 else f"shapes {tuple(a[k].shape)} / {tuple(b[k].shape)}" for k in a}
-            for p in pair:
-                p.unlink()
-    meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "frames": args.frames,
-            "date": time.strftime("%Y-%m-%d")}
-    (args.out / "talker_attention.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    lines = [(f"{meta['gpu']}, torch {meta['torch']}, bf16, {args.frames}-frame requests (EOS disabled), best of 3; "
-              "each row a fresh process."), "",
-             ("| model | talker attention | takes | decode ms/frame | e2e ms/frame | graph replay ms/frame | "
-              "kernels/frame | load s |"), "|---|---|---|---|---|---|---|---|"]
-    for key, r in results.items():
-        if "takes" not in r:
-            continue
-        size, choice = key.split(" ")
-        for takes, row in r["takes"].items():
-            lines.append(f"| {size} | {choice} | {takes} | {row['decode_ms_per_frame']:.3f} | "
-                         f"{row['e2e_ms_per_frame']:.3f} | {row['graph_ms_per_frame']:.3f} | "
-                         f"{r['kernels_per_frame']} | {r['load_s']:.2f} |")
-    for key, r in results.items():
-        if "identical" in key or "error" in r:
-            lines.append(f"\n{key}: {r}")
-    (args.out / "talker_attention.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, "talker_attention", "talker attention", results, args.frames)
 
 
 if __name__ == "__main__":
