@@ -1,0 +1,30 @@
+"""Programmatic dependent launch switches (engine/kernels/pdl.py) on a machine without a GPU: what turns it
+on, what says why it is off, and that derived kernel tables keep it."""
+from __future__ import annotations
+
+from engine import kernels
+from engine.kernels import pdl
+
+
+def test_launch_options_only_add_the_attribute_when_on():
+    assert pdl.launch_options(False) == {"PDL": False}
+    assert pdl.launch_options(True) == {"PDL": True, "launch_pdl": True}
+
+
+def test_no_pdl_without_cuda():
+    ok, why = pdl.support("cpu")
+    assert not ok and why
+
+
+def test_env_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv(kernels.PDL_ENV, "0")
+    ok, why = kernels._pdl_choice("cuda")
+    assert not ok and f"{kernels.PDL_ENV}=0" in why
+
+
+def test_kernel_tables_keep_their_pdl_setting():
+    ks = kernels.Kernels(kernels.NAMES, pdl=True)
+    talker = ks.without("attention")
+    assert talker.pdl and "attention" not in talker.active and "linear" in talker.active
+    assert not kernels.Kernels((), pdl=True).pdl  # nothing runs as Triton: nothing to launch with PDL
+    assert "pdl=True" in repr(ks)
