@@ -88,45 +88,32 @@ class Kernels:
     def __bool__(self) -> bool:
         return bool(self.active)
 
-    def _mod(self, name):
-        return _module(name)
+    def _run(self, name, triton_fn, reference_fn, *args, **kw):
+        """`name`'s module: its Triton launcher (with this table's PDL setting) if active, else its reference."""
+        m = _module(name)
+        if name in self.active:
+            return getattr(m, triton_fn)(*args, pdl=self.pdl, **kw)
+        return getattr(m, reference_fn)(*args, **kw)
 
     def linear(self, x, weight, **kw):
-        m = self._mod("linear")
-        if "linear" in self.active:
-            return m.linear(x, weight, pdl=self.pdl, **kw)
-        return m.reference(x, weight, **kw)
+        return self._run("linear", "linear", "reference", x, weight, **kw)
 
     def rms_norm(self, x, weight, eps):
-        m = self._mod("rms_norm")
-        if "rms_norm" in self.active:
-            return m.rms_norm(x, weight, eps, pdl=self.pdl)
-        return m.reference(x, weight, eps)
+        return self._run("rms_norm", "rms_norm", "reference", x, weight, eps)
 
     def qk_norm_rope_kv(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv):
-        m = self._mod("qk_norm_rope_kv")
-        if "qk_norm_rope_kv" in self.active:
-            return m.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv,
-                                     pdl=self.pdl)
-        return m.reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
+        return self._run("qk_norm_rope_kv", "qk_norm_rope_kv", "reference", qkv, qk_norm_weight, cos, sin_signed,
+                         eps, k_cache, v_cache, pos, nh, nkv)
 
     def qk_norm_rope_kv_prefill(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv):
-        m = self._mod("qk_norm_rope_kv")
-        if "qk_norm_rope_kv" in self.active:
-            return m.prefill(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv, pdl=self.pdl)
-        return m.prefill_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv)
+        return self._run("qk_norm_rope_kv", "prefill", "prefill_reference", qkv, qk_norm_weight, cos, sin_signed,
+                         eps, k_cache, v_cache, nh, nkv)
 
     def attention(self, q, k_cache, v_cache, bias, scale):
-        m = self._mod("attention")
-        if "attention" in self.active:
-            return m.attention(q, k_cache, v_cache, bias, scale, pdl=self.pdl)
-        return m.reference(q, k_cache, v_cache, bias, scale)
+        return self._run("attention", "attention", "reference", q, k_cache, v_cache, bias, scale)
 
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
-        m = self._mod("sample")
-        if "sample" in self.active:
-            return m.sample(logits, do_sample, temperature, k_index, top_p, pdl=self.pdl, **kw)
-        return m.reference(logits, do_sample, temperature, k_index, top_p, **kw)
+        return self._run("sample", "sample", "reference", logits, do_sample, temperature, k_index, top_p, **kw)
 
 
 def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:

@@ -1,6 +1,10 @@
 """Small helpers shared by the kernel modules (no Triton import here)."""
 from __future__ import annotations
 
+import functools
+
+import torch
+
 
 def next_pow2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length()
@@ -8,6 +12,15 @@ def next_pow2(n: int) -> int:
 
 def warps_for(block: int) -> int:
     return 1 if block <= 128 else 2 if block <= 512 else 4 if block <= 2048 else 8
+
+
+@functools.cache
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (launch plans size their grids by it); 132, an H100's,
+    for anything else (the interpreter's CPU tensors)."""
+    if torch.device(device).type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class ContractError(RuntimeError):

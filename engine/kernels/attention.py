@@ -26,7 +26,7 @@ import functools
 import torch
 
 from . import interpreting
-from ._util import next_pow2, require
+from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
 
 triton = tl = _pdl_enter = None  # bound on first use by _kernel()
@@ -238,8 +238,6 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
     """Same contract as reference: returns [B, nkv, g, D] (contiguous, so .view(B, nh * D) is free).
 
     chunk / config: see `plan` (None: the plan's choice for this device)."""
-    from .linear import _sm_count
-
     b, nh, d = q.shape
     nkv = k_cache.shape[1]
     g = nh // nkv
@@ -248,7 +246,7 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
     require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and bias.is_contiguous(), "contiguous caches and bias")
     per_row = bias.dim() > 1 and bias.shape[0] == b > 1
     out = torch.empty(b, nkv, g, d, dtype=q.dtype, device=q.device)
-    p = plan(b, nkv, window, _sm_count(q.device), chunk, config, block_n)
+    p = plan(b, nkv, window, sm_count(q.device), chunk, config, block_n)
     single, split = _kernel()
     args = (q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), window if per_row else 0,
             window)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import interpreting
-from ._util import next_pow2, require
+from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
 
 triton = tl = _round = _rms_apply = _mma = _act = _pdl_enter = None  # bound on first use by _kernel()
@@ -214,13 +214,6 @@ SWIGLU_IN_DOT_MAX_K = 4096
 
 
 @functools.cache
-def _sm_count(device) -> int:
-    if torch.device(device).type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.cache
 def _counters(device) -> torch.Tensor:
     """Split-K arrival counters, one per column block; each launch leaves them at zero."""
     return torch.zeros(1 << 16, dtype=torch.int32, device=device)
@@ -266,7 +259,7 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     require(weight.stride(-1) == 1, "weight rows must be contiguous")
     require(x2.shape[1] == (2 * k if code == 2 else k),
             f"input {tuple(x.shape)} for weight {tuple(weight.shape)}, {prologue}")
-    p = plan(m, n, k, config, target, _sm_count(x.device))
+    p = plan(m, n, k, config, target, sm_count(x.device))
     if code == 2 and p["USE_DOT"] and k > SWIGLU_IN_DOT_MAX_K:
         # Measured (bench/results/linear_sweep_bf16_rows8.json): on the tensor-core path a long SwiGLU
         # prologue starves the loads (1.7B down_proj, 8 rows: 43.5 us fused, 17.9 us in torch). There the

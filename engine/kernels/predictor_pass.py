@@ -42,7 +42,7 @@ import math
 import torch
 
 from . import interpreting
-from ._util import next_pow2, require
+from ._util import next_pow2, require, sm_count
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
 triton = tl = _round = _rms_apply = _mma = _sync = _prefetch = _gemv = _norm_rope = _attend = None
@@ -389,7 +389,7 @@ class PredictorPass:
         if self.grid_override is not None or interpreting():
             grid = self.grid_override or 1
         else:
-            grid = torch.cuda.get_device_properties(self.device).multi_processor_count
+            grid = sm_count(self.device)
         for name, n in widths.items():
             bn = meta["BN_N"] if name in ("SUB_O", "SUB_D") else meta["BN_W"]
             meta[name] = -(-(n // bn) // grid)

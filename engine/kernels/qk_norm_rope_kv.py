@@ -108,19 +108,24 @@ def _kernel():
     return qk_norm_rope_kv_kernel
 
 
+def _inputs(qkv, qk_norm_weight, cos, sin_signed, k_cache, v_cache, nh, nkv):
+    """The launchers' shared checks: qkv as contiguous rows, and the RoPE tables as [rows, D] -> (qkv2, cos,
+    sin_signed, D)."""
+    d = k_cache.shape[-1]
+    qkv2 = qkv.reshape(qkv.shape[0], -1)
+    require(qkv2.stride(-1) == 1 and qkv2.shape[1] >= (nh + 2 * nkv) * d, "contiguous qkv rows of all heads")
+    require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and qk_norm_weight.is_contiguous(),
+            "contiguous caches and norm weight")
+    return qkv2, cos.reshape(-1, d).contiguous(), sin_signed.reshape(-1, d).contiguous(), d
+
+
 def qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv, pdl=False):
     """qkv [B, (nh + 2 nkv) * D] or [B, 1, ...]; qk_norm_weight [nh + nkv, D] contiguous; cos, sin_signed
     [D] (any leading 1-dims) or [B, D] (one position per row); k_cache, v_cache [B, nkv, S, D] with
     contiguous last dim; pos a 1-element long device tensor, or [B] (one per row) -> q [B, nh, D]
     (contiguous) in qkv.dtype."""
     b = qkv.shape[0]
-    d = k_cache.shape[-1]
-    qkv2 = qkv.reshape(b, -1)
-    require(qkv2.stride(-1) == 1 and qkv2.shape[1] >= (nh + 2 * nkv) * d, "contiguous qkv rows of all heads")
-    require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and qk_norm_weight.is_contiguous(),
-            "contiguous caches and norm weight")
-    cos = cos.reshape(-1, d).contiguous()
-    sin_signed = sin_signed.reshape(-1, d).contiguous()
+    qkv2, cos, sin_signed, d = _inputs(qkv, qk_norm_weight, cos, sin_signed, k_cache, v_cache, nh, nkv)
     per_row = b > 1 and pos.numel() == b
     require(cos.shape[0] == (b if per_row else 1) == sin_signed.shape[0], "one RoPE row per batch row, or one for all")
     q = torch.empty(b, nh, d, dtype=qkv.dtype, device=qkv.device)
@@ -136,14 +141,8 @@ def prefill(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, nh, nkv
     """Same contract as `prefill_reference`: qkv [T, (nh + 2 nkv) * D] (rows contiguous), cos and
     sin_signed [T, D]; k_cache, v_cache [1, nkv, S >= T, D] -> q [T, nh, D] (contiguous)."""
     t = qkv.shape[0]
-    d = k_cache.shape[-1]
-    qkv2 = qkv.reshape(t, -1)
-    require(qkv2.stride(-1) == 1 and qkv2.shape[1] >= (nh + 2 * nkv) * d, "contiguous qkv rows of all heads")
     require(k_cache.shape[0] == 1 == v_cache.shape[0] and t <= k_cache.shape[2], "a batch-1 cache holding T positions")
-    require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and qk_norm_weight.is_contiguous(),
-            "contiguous caches and norm weight")
-    cos = cos.reshape(-1, d).contiguous()
-    sin_signed = sin_signed.reshape(-1, d).contiguous()
+    qkv2, cos, sin_signed, d = _inputs(qkv, qk_norm_weight, cos, sin_signed, k_cache, v_cache, nh, nkv)
     require(cos.shape[0] == t == sin_signed.shape[0], "one RoPE row per token")
     q = torch.empty(t, nh, d, dtype=qkv.dtype, device=qkv.device)
     _, skh, sks = k_cache.stride()[:3]

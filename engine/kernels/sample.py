@@ -10,11 +10,10 @@ exponential race argmax p_i / -log(u_i).
 No sort: the k-th largest value and the top-p cut are found by a bisection over the order-preserving
 integer keys of the float32 values (each step one count / masked sum over the row held in registers; at
 most 32 steps, top-k stops as soon as a candidate keeps exactly k ids), skipped at run time when top-k or
-top-p is disabled, and the whole sampled branch is
-skipped when do_sample is false. Differences from the torch path: only at exact ties of values at the
-top-p boundary (the kernel keeps every tied id; the sort keeps an arbitrary subset) and ulp-level
-rounding of the probabilities (a different summation order), which can flip a race that is tied to
-~1e-7 relative.
+top-p is disabled, and the whole sampled branch is skipped when do_sample is false. Differences from the
+torch path: only at exact ties of values at the top-p boundary (the kernel keeps every tied id; the sort
+keeps an arbitrary subset) and ulp-level rounding of the probabilities (a different summation order),
+which can flip a race that is tied to ~1e-7 relative.
 
 Optional, folded in the same launch:
   * uniforms from the per-take counter hash (engine.sampling.uniforms(keys, step, slot, V)), bit-exact;
@@ -183,11 +182,10 @@ def _kernel():
     return sample_kernel
 
 
-def warps_for_vocab(block: int) -> int:
-    """Warps of the one program per row. Measured (bench/small_kernels_bench.py, H200, PDL, top-k 50):
-    2048 ids 48 / 24 / 15.2 / 12.7 us at 1 / 2 / 4 / 8 warps, 3072 ids 111 / 52 / 25 / 19 us: the
-    32-step bisection's row-wide passes are the cost, so more threads win."""
-    return 8
+# Warps of the one program per row, at every vocabulary. Measured (bench/small_kernels_bench.py, H200, PDL,
+# top-k 50, before the early stop): 2048 ids 48 / 24 / 15.2 / 12.7 / 12.6 us at 1 / 2 / 4 / 8 / 16 warps,
+# 3072 ids 111 / 52 / 25 / 19 / 17.5 us: the bisection's row-wide passes are the cost, so more threads win.
+WARPS = 8
 
 
 def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
@@ -202,7 +200,7 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     min_new long;
     update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool).
     embed: an embedding table [V', E] (rows contiguous): also return its rows at the ids, (ids, [B, E]).
-    warps: the program's warp count (default WARPS by the padded vocabulary)."""
+    warps: the program's warp count (default WARPS)."""
     b, vocab = logits.shape
     require(logits.stride(-1) == 1, "contiguous logits rows")
     ids = torch.empty(b, dtype=torch.long, device=logits.device)
@@ -222,9 +220,12 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     def per_row(x):  # a tensor with one value per row is read at row * 1, a shared one at offset 0
         return 1 if x is not None and x.numel() == b and b > 1 else 0
 
+    rows = None
+    embedding = (dummy, 0, dummy, 0, 0)  # table, its row stride, the rows out, their stride, width
     if embed is not None:
         require(embed.stride(-1) == 1, "contiguous embedding rows")
         rows = torch.empty(b, embed.shape[1], dtype=embed.dtype, device=embed.device)
+        embedding = (embed, embed.stride(0), rows, rows.stride(0), embed.shape[1])
     block = next_pow2(vocab)
     _kernel()[(b,)](
         logits, logits.stride(0), u if has_u else dummy, u.stride(0) if has_u else 0, ids,
@@ -233,9 +234,6 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         penalty if pen else dummy, u8(seen) if pen else dummy, seen.stride(0) if pen else 0,
         u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,
         per_row(t) if pen else 0, min_new if pen else ids, u8(finished) if update else dummy,
-        embed if embed is not None else dummy, embed.stride(0) if embed is not None else 0,
-        rows if embed is not None else dummy, rows.stride(0) if embed is not None else 0,
-        embed.shape[1] if embed is not None else 0,
-        vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update), EMBED=embed is not None,
-        BLOCK_E=1024, num_warps=warps or warps_for_vocab(block), **launch_options(pdl))
-    return ids if embed is None else (ids, rows)
+        *embedding, vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update), EMBED=embed is not None,
+        BLOCK_E=1024, num_warps=warps or WARPS, **launch_options(pdl))
+    return ids if rows is None else (ids, rows)

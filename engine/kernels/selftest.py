@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from ._util import sm_count
+
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 # q/k after RoPE: a one-ulp difference of the normed value (sum order / rsqrt) survives the cancellation in
 # q*cos + rot(q)*sin as an absolute error of about one ulp of the normed magnitude (|q| up to ~8 here)
@@ -144,9 +146,7 @@ def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, fi
     else:
         bias = torch.where(torch.arange(window) < filled, 0.0, float("-inf")).to(dtype).to(device)
     scale = d ** -0.5
-    from .linear import _sm_count
-
-    launch = k.plan(b, nkv, window, _sm_count(torch.device(device)), chunk, config, block_n)
+    launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk, config, block_n)
     _close(k.attention(q, kc, vc, bias, scale, block_n=block_n, chunk=chunk, config=config),
            k.reference(q, kc, vc, bias, scale), ATTN_TOL[dtype],
            f"attention {dtype} B={b} W={window} splits={launch['splits']} chunk={launch['chunk']}")
