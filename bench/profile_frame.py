@@ -43,6 +43,7 @@ def frame_ms(runner, frames=200) -> float:
     return a.elapsed_time(b) / frames
 
 
+@torch.inference_mode()  # the engine's state tensors are inference tensors
 def kernel_table(eng) -> list:
     """One eager frame body under the profiler: [{kernel, count, us}] by summed device time (the graph
     replays exactly these launches)."""
