@@ -536,12 +536,15 @@ class Engine:
 
     @staticmethod
     def _trim(wav: torch.Tensor, lengths: list) -> torch.Tensor:
-        """[B, samples] on any device -> float32 CPU, zero past each take's `lengths` frames."""
-        wav = wav.float().cpu()  # one copy to the host
-        out = torch.zeros(wav.shape[0], max(lengths, default=0) * SAMPLES_PER_FRAME)
-        for i, n in enumerate(lengths):
-            out[i, : n * SAMPLES_PER_FRAME] = wav[i, : n * SAMPLES_PER_FRAME]
-        return out
+        """[B, samples] on any device -> float32 CPU, zero past each take's `lengths` frames.
+
+        The cut and the zeroing run where the audio is, and the result crosses to the host in one copy: CPU
+        tensor ops here woke torch's intra-op thread pool, which cost up to 11 ms after the GPU was done
+        (bench/request_timeline.py, H200)."""
+        samples = torch.tensor(lengths, device=wav.device) * SAMPLES_PER_FRAME
+        wav = wav[:, : max(lengths, default=0) * SAMPLES_PER_FRAME].float()
+        keep = torch.arange(wav.shape[1], device=wav.device)[None] < samples[:, None]
+        return wav.masked_fill(~keep, 0.0).cpu()
 
     def _codes_to_audio(self, codes: torch.Tensor, lengths: list, ref_codes: torch.Tensor | None) -> torch.Tensor:
         """Decode [B, T, 16] codes; frames past a take's end are zeroed first (the codec is causal, so
