@@ -1,8 +1,8 @@
 """Whole-utterance codec decode that runs while the frames are still being generated.
 
-A frame is a chain of ~800 small, latency-bound kernels that leaves most of the GPU idle, while the codec
+A frame is a chain of ~700 small, latency-bound kernels that leaves most of the GPU idle, while the codec
 is a few large convolutions (~0.2 ms of GPU time per frame at one take). Decoding each finished run of
-32 frames on a side CUDA stream overlaps the two, so a request no longer waits for the whole codec after
+16 frames on a side CUDA stream overlaps the two, so a request no longer waits for the whole codec after
 its last frame: only the last, shorter run is left, decoded as one zero-padded piece. The decode is the
 chunked stateful one (exact for any split, engine/codec/decoder.py) through the load-time piece graphs, so
 the audio is that of `CodecGraphs.decode_utterance` and of a stream of the same codes.
@@ -12,6 +12,12 @@ from __future__ import annotations
 import torch
 
 from .codec_graph import PIECES, CodecGraphs, bucket_of
+
+# Frames per side-stream piece while the request runs. 16 rather than 32: the last piece, decoded after
+# the last frame, is then at most a 16-frame one (3.7 ms on an H200 against 6.1 for 32: the request's tail
+# p95 went 7.1 -> 4.8 ms), and the frames lose no more time to the codec; at 8 they lost 40% more
+# (bench/results/request_timeline_h200_variants.json).
+FLUSH_FRAMES = PIECES[1]
 
 
 class OverlappedDecode:
@@ -41,8 +47,8 @@ class OverlappedDecode:
         """codes [B, k, Q] (frames past a take's end already zeroed)."""
         self.pending.append(codes)
         ready = sum(c.shape[1] for c in self.pending)
-        if ready >= PIECES[0]:
-            self._flush(ready - ready % PIECES[0])
+        if ready >= FLUSH_FRAMES:
+            self._flush(ready - ready % FLUSH_FRAMES)
 
     def _flush(self, frames: int, final: bool = False) -> None:
         codes = torch.cat(self.pending, 1) if len(self.pending) > 1 else self.pending[0]
