@@ -26,6 +26,9 @@ class TalkerBody(DecoderStack):
         self.text_embedding = embedding(cfg.text_vocab_size, cfg.text_hidden_size)
 
 
+PROJECTION_ROWS = 256  # tokens per text-projection matmul on CUDA (see Talker.embed_text)
+
+
 class TextProjection(nn.Module):
     """text_hidden -> text_hidden -> talker hidden, SiLU in between, with biases."""
 
@@ -48,8 +51,22 @@ class Talker(nn.Module):
         self.code_predictor = CodePredictor(cfg)
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
-        """text_projection(text_embedding(ids)), [..., H]."""
-        return self.text_projection(self.model.text_embedding(ids))
+        """text_projection(text_embedding(ids)), [..., H].
+
+        On CUDA the projection runs over blocks of PROJECTION_ROWS tokens (the last one zero-padded), so its
+        matmuls have one shape whatever the prompt's length: at a token count never seen before the
+        projection took ~5 ms instead of 0.3 (bench/request_timeline.py --first-seen, H200), and in a
+        ComfyUI session nearly every request has a new length. Rows are independent, so the padding
+        changes nothing; on the CPU the matmuls keep the exact shapes (the official package's parity)."""
+        x = self.model.text_embedding(ids)
+        if x.device.type != "cuda":
+            return self.text_projection(x)
+        rows = x.reshape(-1, x.shape[-1])
+        n = rows.shape[0]
+        rows = F.pad(rows, (0, 0, 0, -n % PROJECTION_ROWS))
+        blocks = [self.text_projection(block) for block in rows.split(PROJECTION_ROWS)]
+        out = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+        return out[:n].view(*ids.shape, -1)
 
     def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
         """The talker's codec embedding (codebook 0, control and speaker ids), [..., H]."""
