@@ -39,6 +39,7 @@ class Probe:
 
     def __init__(self):
         self.gc_ms = 0.0
+        self.variant = "engine"
         self._gc_t = None
         gc.callbacks.append(self._gc)
         self.reset()
@@ -84,9 +85,36 @@ def install(probe: Probe):
 
     def _trim(wav, lengths):
         probe.mark("trim_start")
+        if probe.variant == "sync_trim":  # wait for the audio on the stream first, then the plain copy
+            torch.cuda.current_stream().synchronize()
+            probe.mark("trim_synced")
+        elif probe.variant == "pinned_trim":  # an async copy into pinned memory, then wait on its event
+            host = torch.empty(wav.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(wav, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+            probe.mark("trim_synced")
+            wav = host
         out = trim(wav, lengths)
         probe.mark("trim_end")
         return out
+
+    prepare, overlapped = E.Engine._prepare, E.Engine._overlapped_decode
+
+    def _prepare(self, *a, **k):
+        out = prepare(self, *a, **k)
+        probe.event("prepared")
+        probe.mark("prepared")
+        return out
+
+    def _overlapped(self, *a, **k):
+        out = overlapped(self, *a, **k)
+        probe.event("overlap_ready")
+        probe.mark("overlap_ready")
+        return out
+
+    E.Engine._prepare, E.Engine._overlapped_decode = _prepare, _overlapped
 
     decode = codec_graph.CodecGraphs.decode
 
@@ -130,12 +158,94 @@ def graph_ms_by_window(eng, frames=100) -> dict:
     return out
 
 
+@torch.inference_mode()
+def first_seen_projection(eng, lengths=(333, 517, 701, 909)) -> list:
+    """Wall ms of the prompt's text projection (embed_text) at token counts no request used, first call and
+    second; a gap means a per-shape cost on first use (e.g. the matmul library choosing a kernel)."""
+    dev = eng.talker.model.codec_embedding.weight.device
+    out = []
+    for n in lengths:
+        ids = torch.randint(0, 1000, (n,), device=dev)
+        times = []
+        for _ in range(2):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            eng.talker.embed_text(ids)
+            torch.cuda.synchronize()
+            times.append(1000 * (time.perf_counter() - t))
+        out.append({"tokens": n, "first_ms": times[0], "again_ms": times[1]})
+        print(f"embed_text {n} tokens: first {times[0]:.2f} ms, again {times[1]:.2f} ms", flush=True)
+    return out
+
+
+@torch.inference_mode()
+def codec_piece_profile(eng) -> dict:
+    """Kernels of one eager codec piece (1 and 32 frames, one row), grouped by name, and the graph replay."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = eng.codec_graphs
+    state = graphs.state(1)
+    q = eng.codec.decoder.cfg.num_quantizers
+    out = {}
+    for frames in (1, 32):
+        codes = torch.zeros(1, q, frames, dtype=torch.long, device="cuda")
+        eng.codec.decoder(codes, state, check=False)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            eng.codec.decoder(codes, state, check=False)
+            torch.cuda.synchronize()
+        groups = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                g = groups.setdefault(e.name[:80], [0, 0.0])
+                g[0] += 1
+                g[1] += e.device_time_total
+        rows = sorted(({"kernel": k, "count": c, "us": round(us, 1)} for k, (c, us) in groups.items()),
+                      key=lambda r: -r["us"])
+        replay = wall_gpu_ms(lambda c=codes: graphs.decode(c, state))
+        out[frames] = {"kernels": sum(r["count"] for r in rows), "summed_us": round(sum(r["us"] for r in rows), 1),
+                       "graph_replay_ms": replay, "top": rows[:15]}
+        print(f"codec piece {frames} frames: {out[frames]['kernels']} kernels, {out[frames]['summed_us']} us summed, "
+              f"graph replay {replay:.2f} ms", flush=True)
+        for r in rows[:15]:
+            print(f"   {r['count']:4d} {r['us']:8.1f} us  {r['kernel']}")
+    state.zero_()
+    return out
+
+
+def wall_gpu_ms(fn, repeats=10) -> float:
+    fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    for _ in range(repeats):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / repeats
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
 
 
-def run_script(eng, probe, chunk: int) -> list:
+def run_script(eng, probe, chunk: int, variant: str = "engine") -> list:
+    from engine.gpu import codec_overlap
+
+    probe.variant = variant
+    stream = torch.cuda.Stream(priority=torch.cuda.Stream.priority_range()[1]) if variant == "hi_stream" \
+        else torch.cuda.current_stream()
+    flush = getattr(codec_overlap, "FLUSH_FRAMES", None)
+    if variant.startswith("flush"):
+        codec_overlap.FLUSH_FRAMES = int(variant[5:])
+    try:
+        return _run_script(eng, probe, chunk, stream)
+    finally:
+        codec_overlap.FLUSH_FRAMES = flush
+
+
+def _run_script(eng, probe, chunk, stream) -> list:
     from engine import Request
 
     rows = []
@@ -145,9 +255,10 @@ def run_script(eng, probe, chunk: int) -> list:
         probe.reset()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        probe.event("start")
-        res = eng.generate(req, takes=1, seed=i, params=params, progress_every=chunk)
-        t1 = time.perf_counter()
+        with torch.cuda.stream(stream):
+            probe.event("start")
+            res = eng.generate(req, takes=1, seed=i, params=params, progress_every=chunk)
+            t1 = time.perf_counter()
         torch.cuda.synchronize()
         ev, h = probe.events, probe.host
         gpu = {k: ev["start"].elapsed_time(e) for k, e in ev.items()}
@@ -160,6 +271,9 @@ def run_script(eng, probe, chunk: int) -> list:
             "host_collected_ms": 1000 * (h["collected"] - t0), "host_finish_ms": 1000 * (h["finish"] - t0),
             "host_trim_ms": 1000 * (h["trim_end"] - h["trim_start"]),
             "host_after_trim_ms": 1000 * (t1 - h["trim_end"]),
+            "host_prepared_ms": 1000 * (h["prepared"] - t0), "gpu_prepared_ms": gpu["prepared"],
+            "host_overlap_ready_ms": 1000 * (h["overlap_ready"] - t0), "gpu_overlap_ready_ms": gpu["overlap_ready"],
+            "trim_wait_ms": 1000 * (h["trim_synced"] - h["trim_start"]) if "trim_synced" in h else None,
             "chunk_gaps_ms": [1000 * (b - a) for a, b in zip(probe.chunks, probe.chunks[1:])],
             "pieces": pieces, "gc_ms": probe.gc_ms,
         }
@@ -176,7 +290,7 @@ def run_script(eng, probe, chunk: int) -> list:
     return rows
 
 
-COLS = ["wall_ms", "overhead_vs_graph_ms", "prefill_ms", "bubble_ms", "bubble_per_frame_ms", "tail_ms",
+COLS = ["wall_ms", "overhead_vs_graph_ms", "host_prepared_ms", "host_overlap_ready_ms", "prefill_ms", "bubble_ms", "bubble_per_frame_ms", "tail_ms",
         "side_after_last_frame_ms", "final_piece_ms", "host_trim_ms", "gc_ms"]
 
 
@@ -184,6 +298,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="0.6b")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", nargs="+", default=["engine"],
+                    choices=["engine", "sync_trim", "pinned_trim", "hi_stream", "flush8", "flush16",
+                             "flush32"],
+                    help="engine: as shipped; sync_trim / pinned_trim: other ways to wait for and copy the audio; "
+                         "hi_stream: the request on a high-priority stream (the codec's side stream stays low); "
+                         "flushN: side-stream codec pieces of N frames")
+    ap.add_argument("--first-seen", action="store_true",
+                    help="also time the prompt's text projection at lengths never seen, first call and again")
+    ap.add_argument("--codec-profile", action="store_true",
+                    help="also profile one codec piece of 1 and of 32 frames (kernels, device time)")
     ap.add_argument("--chunks", type=int, nargs="+", default=[4],
                     help="progress_every values (frames per host sync); the script runs once per value, "
                          "the first in order (every length new), the others on lengths already seen")
@@ -198,8 +322,13 @@ def main():
     load_s = time.perf_counter() - t
     probe = Probe()
     install(probe)
-    runs = {chunk: run_script(eng, probe, chunk) for chunk in args.chunks}
+    runs = {f"{variant}/{chunk}": run_script(eng, probe, chunk, variant)
+            for variant in args.variants for chunk in args.chunks}
 
+    if args.first_seen:
+        out_first = first_seen_projection(eng)
+    if args.codec_profile:
+        out_codec = codec_piece_profile(eng)
     by_window = graph_ms_by_window(eng)
     print("graph ms/frame by window: " + ", ".join(f"{w}: {ms:.3f}" for w, ms in by_window.items()))
     out = {"gpu": torch.cuda.get_device_name(), "size": args.size, "load_s": load_s,
@@ -212,11 +341,15 @@ def main():
             r["overhead_vs_graph_ms"] = r["wall_ms"] - pure
         summary = {c: {"p50": pct([r[c] for r in rows], 50), "p95": pct([r[c] for r in rows], 95),
                        "max": max(r[c] for r in rows)} for c in COLS}
-        print(f"--- progress_every {chunk}")
+        print(f"--- variant/progress_every {chunk}")
         for c in COLS:
             s = summary[c]
             print(f"{c:28s} p50 {s['p50']:7.2f}  p95 {s['p95']:7.2f}  max {s['max']:7.2f}")
-        out["runs"][str(chunk)] = {"rows": rows, "summary": summary}
+        out["runs"][chunk] = {"rows": rows, "summary": summary}
+    if args.first_seen:
+        out["first_seen_projection"] = out_first
+    if args.codec_profile:
+        out["codec_piece_profile"] = out_codec
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
 
