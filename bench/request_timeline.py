@@ -236,13 +236,17 @@ def run_script(eng, probe, chunk: int, variant: str = "engine") -> list:
     probe.variant = variant
     stream = torch.cuda.Stream(priority=torch.cuda.Stream.priority_range()[1]) if variant == "hi_stream" \
         else torch.cuda.current_stream()
-    flush = getattr(codec_overlap, "FLUSH_FRAMES", None)
+    from engine import decode
+
+    flush, rows = getattr(codec_overlap, "FLUSH_FRAMES", None), decode.decode_rows
     if variant.startswith("flush"):
         codec_overlap.FLUSH_FRAMES = int(variant[5:])
+    if variant == "no_prelaunch":
+        decode.decode_rows = lambda *a, **k: rows(*a, **{**k, "prelaunch": False})
     try:
         return _run_script(eng, probe, chunk, stream)
     finally:
-        codec_overlap.FLUSH_FRAMES = flush
+        codec_overlap.FLUSH_FRAMES, decode.decode_rows = flush, rows
 
 
 def _run_script(eng, probe, chunk, stream) -> list:
@@ -299,10 +303,11 @@ def main():
     ap.add_argument("--size", default="0.6b")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", nargs="+", default=["engine"],
-                    choices=["engine", "sync_trim", "pinned_trim", "hi_stream", "flush8", "flush16",
+                    choices=["engine", "sync_trim", "pinned_trim", "hi_stream", "no_prelaunch", "flush8", "flush16",
                              "flush32"],
                     help="engine: as shipped; sync_trim / pinned_trim: other ways to wait for and copy the audio; "
                          "hi_stream: the request on a high-priority stream (the codec's side stream stays low); "
+                         "no_prelaunch: decode_rows without launching each next chunk's first frame early; "
                          "flushN: side-stream codec pieces of N frames")
     ap.add_argument("--first-seen", action="store_true",
                     help="also time the prompt's text projection at lengths never seen, first call and again")

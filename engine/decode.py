@@ -204,15 +204,18 @@ def decode_rows(
     timings: dict | None = None,
     first_chunk_frames: int = 0,
     lead_rows: int = 0,
+    prelaunch: bool = False,
 ) -> Iterator[FrameChunk]:
     """The one decode loop. Rows (admitted in `order`, default their order) run in `slots` batch slots;
     yields chunks of `chunk_frames` frames (0 = one chunk per admission wave: until every held row is
     done; the first chunk has `first_chunk_frames` when that is set, for earlier first audio) until every
     row has finished. `lead_rows` (0 = as many as fit) admits only that many rows before the first chunk,
     the rest at its end: with a short first chunk, the first row's first audio waits for one prefill, not
-    for every slot's. `on_frames(done, total)` counts frames over all rows (total is
-    an estimate until the rows end); `timings`, if given, receives the first prefill's seconds and the
-    slot occupancy."""
+    for every slot's. `prelaunch` launches each next chunk's first frame before the chunk is yielded, for
+    consumers whose work on a chunk need not come first on the stream (generate()'s side-stream codec; a
+    stream's codec would wait a frame for its audio). `on_frames(done, total)` counts frames over all rows
+    (total is an estimate until the rows end); `timings`, if given, receives the first prefill's seconds
+    and the slot occupancy."""
     params.validate()
     if not rows:
         return
@@ -234,18 +237,24 @@ def decode_rows(
         timings["prefill_s"] = time.perf_counter() - t0
     ended = {}  # row -> frames stepped when it ended (an upper bound of its real frames)
     start = steps = busy = 0
-    while True:
+
+    def chunk_size() -> int:
         size = first_chunk_frames if start == 0 and first_chunk_frames > 0 else chunk_frames
-        n = host.frames_left() if size <= 0 else min(size, host.frames_left())
-        frames, valids = [], []
-        for _ in range(n):
-            if should_stop is not None and should_stop():
-                raise GenerationInterrupted("generation was stopped on request")
-            frame, valid = runner.next_frame(host)
-            busy += sum(host.alive())
-            host.advance()
-            frames.append(frame)
-            valids.append(valid)
+        return host.frames_left() if size <= 0 else min(size, host.frames_left())
+
+    def step():
+        nonlocal busy
+        if should_stop is not None and should_stop():
+            raise GenerationInterrupted("generation was stopped on request")
+        frame, valid = runner.next_frame(host)
+        busy += sum(host.alive())
+        host.advance()
+        return frame, valid
+
+    n, launched = chunk_size(), []
+    while True:
+        while len(launched) < n:
+            launched.append(step())
         steps += n
         held = tuple(host.row)
         finished = runner.finished.tolist()  # the one host sync per chunk
@@ -259,7 +268,8 @@ def decode_rows(
                 host.row[s] = -1
                 now_ended.append(r)
         done = not queue and all(r < 0 for r in host.row)
-        chunk = FrameChunk(torch.stack(frames, 1), torch.stack(valids, 1), start, done, held, tuple(now_ended))
+        chunk = FrameChunk(torch.stack([f for f, _ in launched], 1), torch.stack([v for _, v in launched], 1),
+                           start, done, held, tuple(now_ended))
         start += n
         if on_frames is not None:
             running = {r: min(host.frames[s], host.limit[s]) for s, r in enumerate(host.row) if r >= 0}
@@ -270,24 +280,35 @@ def decode_rows(
         if timings is not None:
             timings["batch"] = {"slots": slots, "rows": len(rows), "steps": steps,
                                 "occupancy": busy / max(1, steps * slots)}
+        launched = []
+        admitting = bool(queue) and any(r < 0 for r in host.row)
+        if prelaunch and not done and not admitting:
+            # The next chunk's first frame goes to the GPU before this chunk is handed on, so the GPU
+            # works through the consumer's host time instead of waiting for it. Nothing is guessed: the
+            # rows that ended are known, and no row is admitted before it.
+            n = chunk_size()
+            launched.append(step())
         yield chunk
         if done:
             return
-        _admit(runner, host, rows, queue, device)
+        if not launched:
+            _admit(runner, host, rows, queue, device)
+            n = chunk_size()
 
 
 def decode_frames(runner, prompt: Prompt, *, takes: int, seed: int, params: SamplingParams, max_frames: int,
                   eos_id: int, chunk_frames: int = 0, take_offset: int = 0,
                   should_stop: Callable[[], bool] | None = None,
                   on_frames: Callable[[int, int], None] | None = None,
-                  timings: dict | None = None, first_chunk_frames: int = 0) -> Iterator[FrameChunk]:
+                  timings: dict | None = None, first_chunk_frames: int = 0,
+                  prelaunch: bool = False) -> Iterator[FrameChunk]:
     """`takes` takes of one prompt (take i draws from stream (seed, take_offset + i)): decode_rows with
     one row per take, all admitted at once."""
     keys = sampling.take_keys(seed, range(take_offset, take_offset + takes), "cpu").tolist()
     rows = [Row(prompt, k, max_frames) for k in keys]
     return decode_rows(runner, rows, slots=takes, params=params, eos_id=eos_id, chunk_frames=chunk_frames,
                        should_stop=should_stop, on_frames=on_frames, timings=timings,
-                       first_chunk_frames=first_chunk_frames)
+                       first_chunk_frames=first_chunk_frames, prelaunch=prelaunch)
 
 
 def collect(chunks: Iterator[FrameChunk]) -> tuple[torch.Tensor, list[int]]:

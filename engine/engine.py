@@ -306,11 +306,11 @@ class Engine:
         return prompt, params, max_frames
 
     def _frames(self, prompt: Prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
-                on_progress, timings=None, first_chunk_frames=0):
+                on_progress, timings=None, first_chunk_frames=0, prelaunch=False):
         return decode_frames(self.runner, prompt, takes=takes, seed=seed, params=params, max_frames=max_frames,
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, take_offset=take_offset,
                              should_stop=should_stop, on_frames=on_progress, timings=timings,
-                             first_chunk_frames=first_chunk_frames)
+                             first_chunk_frames=first_chunk_frames, prelaunch=prelaunch)
 
     @serialised()
     @torch.inference_mode()
@@ -322,8 +322,9 @@ class Engine:
         t0 = time.perf_counter()
         prompt, params, max_frames = self._prepare(req, takes, params, take_offset, seed=seed)
         timings = {}
+        # prelaunch: no chunk's codec work has to come before the next frame on the stream (decode_rows)
         chunks = self._frames(prompt, takes, seed, params, max_frames, progress_every, take_offset, should_stop,
-                              on_progress, timings)
+                              on_progress, timings, prelaunch=True)
         overlap = self._overlapped_decode(takes, prompt.ref_codes)
         try:
             codes, lengths = collect(chunks if overlap is None else _tap(chunks, overlap.push))
