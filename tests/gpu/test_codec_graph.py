@@ -15,6 +15,7 @@ from engine import Engine, Request, Voice
 from engine.codec import StreamingDecoder
 from engine.errors import UnsupportedConfigError
 from engine.gpu.codec_graph import PIECES, CodecGraphs, bucket_of, final_pieces, pieces
+from engine.gpu.codec_overlap import FLUSH_FRAMES
 from tests.decoding import joined_take
 
 pytestmark = pytest.mark.gpu
@@ -167,7 +168,7 @@ def _req():
 @pytest.mark.parametrize("takes,chunk", [(1, 4), (1, 8), (2, 4), (3, 5), (1, 32)])
 def test_engine_stream_uses_codec_graphs_and_equals_generate(fp32, takes, chunk):
     g = fp32.codec_graphs
-    frames = 70  # the whole decode overlaps the frames in pieces of 32, 32, then the last 6 as one of 8
+    frames = 70  # the whole decode overlaps the frames in pieces of FLUSH_FRAMES, then the last 6 as one of 8
     params = fp32.defaults.replace(max_new_tokens=frames)
     whole = fp32.generate(_req(), takes=takes, seed=4, params=params)  # captures a new takes bucket first
     before = g.stats()
@@ -178,7 +179,9 @@ def test_engine_stream_uses_codec_graphs_and_equals_generate(fp32, takes, chunk)
     one = fp32.codec.decode(torch.stack(whole.codes).cuda()).float().cpu()  # no EOS: every take is whole
     _check(f"overlapped whole decode vs one pass, takes {takes}", whole.audio, one, "fp32")
     sizes = _chunks(frames, chunk)
-    assert after["replays"] - before["replays"] == len(final_pieces(70)) + sum(len(pieces(n)) for n in sizes)
+    runs, rest = divmod(frames, FLUSH_FRAMES)  # generate() pushes 4 frames at a time, a divisor of FLUSH_FRAMES
+    overlapped = runs * len(pieces(FLUSH_FRAMES)) + len(final_pieces(rest))
+    assert after["replays"] - before["replays"] == overlapped + sum(len(pieces(n)) for n in sizes)
     assert after["eager_pieces"] == before["eager_pieces"] and after["private_streams"] == before["private_streams"]
     assert after["captures"] == before["captures"] and after["late_captures"] == 0  # all captured at load
     for i in range(takes):
