@@ -182,6 +182,8 @@ class Engine:
         engine = cls(cfg=cfg, defaults=parts["defaults"], tokenizer=parts["tokenizer"],
                      talker=parts["talker"], speaker_encoder=parts["speaker_encoder"], codec=parts["codec"],
                      device=dev, dtype=dt, info=info, max_takes=max_takes, max_seq_len=max_seq_len)
+        if dev.type == "cuda" and ks:  # the codec's SnakeBeta activations (CUDA inputs only), before capture
+            engine.codec.decoder.use_kernels(ks)
         if dev.type == "cuda" and cuda_graphs != "off":
             engine._enable_graphs(forced=cuda_graphs == "on", kernels=ks)
         else:

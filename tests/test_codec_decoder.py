@@ -371,3 +371,34 @@ def test_whole_utterance_through_pieces_equals_one_pass(small_window, batch):
     assert torch.equal(first, again)
     assert (first - one).abs().max().item() <= TOL
     graphs.release()
+
+
+def test_snake_params_are_cached_and_bit_identical():
+    """SnakeBeta keeps e^α and 1 / (e^β + 1e-9) between calls: the output equals the per-call expression bit
+    for bit, and the cache follows load_state_dict, dtype moves and autograd."""
+    from engine.codec.decoder import SnakeBeta
+
+    def per_call(act, x):  # the official expression, everything computed in the call
+        freq = act.alpha.exp()[None, :, None]
+        return x + 1.0 / (act.beta.exp()[None, :, None] + 1e-9) * torch.sin(x * freq).pow(2)
+
+    g = torch.Generator().manual_seed(3)
+    act = SnakeBeta(8)
+    act.load_state_dict({"alpha": torch.randn(8, generator=g) * 0.5, "beta": torch.randn(8, generator=g) * 0.5})
+    x = torch.randn(2, 8, 5, generator=g) * 3
+    with torch.inference_mode():
+        assert torch.equal(act(x), per_call(act, x))
+        assert act.params()[0] is act.params()[0]  # computed once
+    act.load_state_dict({"alpha": torch.randn(8, generator=g), "beta": torch.randn(8, generator=g)})
+    with torch.no_grad():
+        assert torch.equal(act(x), per_call(act, x))  # the in-place load bumped the version: recomputed
+    act.to(torch.float64)
+    with torch.inference_mode():
+        assert torch.equal(act(x.double()), per_call(act, x.double()))
+    act.to(torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(act(x.bfloat16()), per_call(act, x.bfloat16()))
+    act.float()
+    act(x).sum().backward()  # autograd on: computed in the call, gradients reach α and β
+    assert act.alpha.grad is not None and act.beta.grad is not None
+

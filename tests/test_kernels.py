@@ -73,6 +73,32 @@ def test_rms_norm(dtype, m, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b,c,length", [(1, 16, 1), (2, 8, 37), (3, 5, 300), (1, 96, 48)])
+def test_snake(dtype, b, c, length):
+    st.check_snake(DEV, dtype, b, c, length, seed=b + c + length)
+    st.check_snake(DEV, dtype, b, c, length, seed=b + c + length, row_pad=3)  # rows at a stride
+
+
+def test_snake_in_the_codec_decoder():
+    """CodecDecoder.use_kernels routes every SnakeBeta through the table (CUDA inputs only: on CPU tensors the
+    decoder keeps the torch ops even with the kernel active) and None puts the torch ops back."""
+    from engine.checkpoint import presets
+    from engine.codec.config import CodecConfig
+    from engine.codec.decoder import CodecDecoder, SnakeBeta
+
+    dec = CodecDecoder(CodecConfig.from_dict(presets.codec_config("tiny")).decoder)
+    snakes = [m for m in dec.modules() if isinstance(m, SnakeBeta)]
+    ks = kernels.Kernels(["snake"])
+    dec.use_kernels(ks)
+    assert snakes and all(m.kernels is ks for m in snakes)
+    x = torch.randn(1, snakes[0].alpha.shape[0], 7)
+    with torch.inference_mode():
+        assert torch.equal(snakes[0](x), kernels.Kernels().snake(x, *snakes[0].params()))
+    dec.use_kernels(None)
+    assert all(m.kernels is None for m in snakes)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("b", [1, 4])
 def test_qk_norm_rope_kv(dtype, b):
     st.check_qk_norm_rope_kv(DEV, dtype, b, pos=5 + b, seed=b)

@@ -123,17 +123,50 @@ class CausalConvTranspose1d(nn.Module):
 
 
 class SnakeBeta(nn.Module):
-    """x + sin²(x·e^α) / (e^β + 1e-9), with α and β stored on a log scale (per channel)."""
+    """x + sin²(x·e^α) / (e^β + 1e-9), with α and β stored on a log scale (per channel).
+
+    e^α and 1 / (e^β + 1e-9) are computed once per parameter version and kept (`params`): the same ops on
+    the same values as computing them every call, so the output is bit for bit the same. With a kernels
+    table whose "snake" is active (CodecDecoder.use_kernels), CUDA inputs run as one Triton launch
+    (engine/kernels/snake.py: torch's rounding points, within one ulp of torch's CUDA result) instead of
+    torch's five elementwise kernels.
+    """
 
     def __init__(self, channels: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
+        self.kernels = None  # engine.kernels.Kernels, or None: torch ops
+        self._params: tuple | None = None  # (key, freq [C], inv_mag [C])
+
+    def _key(self) -> tuple:
+        a, b = self.alpha, self.beta  # in-place updates bump _version; .to() / new tensors change data_ptr
+        return a.data_ptr(), b.data_ptr(), a._version, b._version, a.dtype, b.dtype, a.device
+
+    def params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(freq, inv_mag) [C] in the parameters' dtype; cached unless autograd tracks α or β or they are
+        inference tensors (made under torch.inference_mode, which keeps no version counter).
+
+        The cache follows in-place updates (load_state_dict, copy_) and moves (.to); a write through
+        `.data` bypasses the version counter, so after one call `refresh()`."""
+        a, b = self.alpha, self.beta
+        if (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)) or a.is_inference() or b.is_inference():
+            return a.exp(), 1.0 / (b.exp() + 1e-9)  # tracked by autograd, or no version counter to follow
+        key = self._key()
+        if self._params is None or self._params[0] != key:
+            with torch.no_grad():
+                self._params = (key, self.alpha.exp(), 1.0 / (self.beta.exp() + 1e-9))
+        return self._params[1], self._params[2]
+
+    def refresh(self) -> None:
+        self._params = None
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        freq = self.alpha.exp()[None, :, None]
-        inv_mag = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
-        return x + inv_mag * torch.sin(x * freq).pow(2)
+        freq, inv_mag = self.params()
+        ks = self.kernels
+        if ks is not None and "snake" in ks.active and x.is_cuda:
+            return ks.snake(x, freq, inv_mag)
+        return x + inv_mag[None, :, None] * torch.sin(x * freq[None, :, None]).pow(2)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -376,6 +409,13 @@ class CodecDecoder(nn.Module):
         out_dim = cfg.decoder_dim >> len(cfg.upsample_rates)
         stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
         self.decoder = nn.ModuleList(stages)
+
+    def use_kernels(self, kernels) -> None:
+        """Run the SnakeBeta activations through `kernels` (an engine.kernels.Kernels table; its "snake"
+        runs as Triton on CUDA inputs) or, with None, as torch ops. Set it before capturing graphs."""
+        for m in self.modules():
+            if isinstance(m, SnakeBeta):
+                m.kernels = kernels
 
     def check_codes(self, codes: torch.Tensor) -> None:
         """Raise InvalidInputError unless codes is an integer tensor [B, num_quantizers, T>=1] in range."""

@@ -1,4 +1,4 @@
-"""Optional Triton kernels for the single-token decode step and the graphed sampling.
+"""Optional Triton kernels for the single-token decode step, the graphed sampling and the codec's SnakeBeta.
 
 Importing this package never imports Triton: each kernel module builds its Triton function on first
 use. Every kernel module holds the kernel, its launcher and a plain-torch `reference` with the same
@@ -21,7 +21,7 @@ import os
 
 from ..errors import Qwen3TTSError
 
-NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "sample")
+NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "sample", "snake")
 # Opt-in kernels: known to Kernels, but "auto"/"on" pick them only when PERSISTENT_PREDICTOR_ENV is "1".
 OPTIONAL = ("predictor_pass",)  # the whole code-predictor pass as one persistent launch (predictor_pass.py)
 PERSISTENT_PREDICTOR_ENV = "QWEN3TTS_PREDICTOR_PASS"
@@ -114,6 +114,9 @@ class Kernels:
 
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         return self._run("sample", "sample", "reference", logits, do_sample, temperature, k_index, top_p, **kw)
+
+    def snake(self, x, freq, inv_mag):
+        return self._run("snake", "snake", "reference", x, freq, inv_mag)
 
 
 def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:

@@ -50,6 +50,20 @@ def check_rms_norm(device, dtype, m, n, seed=0):
     _close(k.rms_norm(x, w, 1e-6), k.reference(x, w, 1e-6), TOL[dtype], f"rms_norm {dtype} M={m} N={n}")
 
 
+def check_snake(device, dtype, b, c, length, seed=0, row_pad=0):
+    """SnakeBeta: every step rounds where torch's expression rounds, so only the sine may differ (an ulp).
+    row_pad > 0: x is a slice of the last dim (rows at a stride of length + row_pad), as after a folded conv."""
+    from . import snake as k
+
+    x = _rand((b, c, length + row_pad), dtype, device, seed, 3.0)[..., :length]
+    freq = _rand((c,), torch.float32, "cpu", seed + 1, 0.5).exp().to(dtype).to(device)
+    inv_mag = (1.0 / (_rand((c,), torch.float32, "cpu", seed + 2, 0.5).exp() + 1e-9)).to(dtype).to(device)
+    got, want = k.snake(x, freq, inv_mag), k.reference(x, freq, inv_mag)
+    _verdict(got.shape == want.shape and got.dtype == want.dtype, f"snake shape/dtype {got.shape} {got.dtype}")
+    _close(got, want, TOL[dtype], f"snake {dtype} B={b} C={c} L={length}")
+    return (got.float() - want.float()).abs().max().item()
+
+
 # Decode matmul shapes (N, K, prologue, residual, bias) of the 0.6B / 1.7B layers and heads: qkv and
 # gate/up after their norms, o_proj and down_proj (SwiGLU in front) with the residual, predictor heads
 # after the final norm, the talker's codec head, and the 1.7B small_to_mtp_projection (bias).
@@ -276,6 +290,8 @@ def run_all(device="cuda", verbose=True):
                 check_attention(device, dt, m, seq=max(64, w), window=w, filled=w - 3, block_n=64)
             for n, k, prologue, residual, bias in LINEAR_SHAPES:
                 check_linear(device, dt, m, n, k, prologue, residual, bias)
+        for c, length in SNAKE_SHAPES:
+            check_snake(device, dt, 1, c, length)
     for vocab in (2048, 3072):
         for case in ({"do_sample": False}, {}, {"top_k": 0}, {"top_p": 0.8}, {"top_k": 1},
                      {"top_k": 20, "top_p": 0.5, "temperature": 1.3}, {"top_k": 0, "top_p": 0.95, "scale": 1.0}):
@@ -290,6 +306,10 @@ def run_all(device="cuda", verbose=True):
 
 if __name__ == "__main__":
     run_all()
+
+
+# SnakeBeta inputs of the real codec: (channels, samples) of each wave block at 1 and 32 frames
+SNAKE_SHAPES = [(1536, 4), (768, 32), (384, 160), (192, 640), (96, 1920), (1536, 128), (96, 61440)]
 
 
 # Sampling settings every kernel test checks (CPU interpreter and GPU alike).

@@ -13,6 +13,7 @@ import torch
 
 from engine import Engine, Request, Voice
 from engine.codec import StreamingDecoder
+from engine.codec.decoder import SnakeBeta
 from engine.errors import UnsupportedConfigError
 from engine.gpu.codec_graph import PIECES, CodecGraphs, bucket_of, final_pieces, pieces
 from engine.gpu.codec_overlap import FLUSH_FRAMES
@@ -123,6 +124,31 @@ def test_graph_stream_equals_eager_and_one_pass(request, dtype, batch, chunk):
     assert replay <= (REPLAY_TOL[dtype] if chunk in PIECES else TOL[dtype][0])  # 12 = 8 + 4 splits differently
     _check(f"graph stream vs one pass, batch {batch}, chunk {chunk}", graphed, one, dtype)
     graphs.release()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_snake_under_codec_graphs(tiny_checkpoints, dtype):
+    """With the Triton kernels on, every SnakeBeta runs as one launch, captured in the piece graphs; whole
+    decodes through the pieces equal the torch ops' one pass within the bounds above (the kernel rounds where
+    torch does; its sine differs from torch's by an ulp in some elements)."""
+    from engine import kernels
+
+    ok, why = kernels.available("cuda")
+    if not ok:
+        pytest.skip(why)
+    eng = Engine.load(tiny_checkpoints["custom_voice"], device="cuda", dtype=dtype, cuda_graphs="on", triton="on",
+                      max_seq_len=512)
+    assert "snake" in eng.info.kernels and eng.codec_graphs is not None
+    for batch, frames in ((1, 1), (1, 45), (3, 13)):
+        codes = _codes(batch, frames, seed=frames + batch)
+        got = eng.codec_graphs.decode_utterance(codes).float()
+        eng.codec.decoder.use_kernels(None)  # the reference: torch ops, one pass
+        one = eng.codec.decode(codes).float()
+        eng.codec.decoder.use_kernels(kernels.Kernels(["snake"]))
+        _check(f"triton snake pieces vs torch one pass, batch {batch}, {frames} frames", got, one, dtype)
+    snakes = [m for m in eng.codec.decoder.modules() if isinstance(m, SnakeBeta)]
+    assert snakes and all(m._params is not None for m in snakes)  # e^α, 1 / (e^β + 1e-9) kept, not per call
+    eng.release()
 
 
 def test_one_state_across_utterances(fp32):

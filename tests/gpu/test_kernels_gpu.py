@@ -34,6 +34,15 @@ def test_rms_norm(dtype, m):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", [1, 16])
+def test_snake(dtype, b):
+    """Every SnakeBeta shape of the real codec at 1 and 32 frames (1 and 16 rows)."""
+    for c, length in st.SNAKE_SHAPES:
+        st.check_snake(DEV, dtype, b, c, length, seed=c + length)
+        st.check_snake(DEV, dtype, b, c, length, seed=c + length, row_pad=7)  # a folded conv's sliced output
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m", ROWS)
 def test_linear(dtype, m):
     """Every decode matmul of the 0.6B / 1.7B layers and heads, with the launch plan the engine uses."""

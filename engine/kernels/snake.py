@@ -1,0 +1,105 @@
+"""The codec's SnakeBeta activation, x + inv_mag * sin(x * freq)^2 with per-channel freq / inv_mag, in one launch.
+
+torch runs it as five elementwise kernels (x*freq, sin, pow, mul, add: each reads and writes the whole
+activation). Rounding: every step is computed in fp32 and rounded to x.dtype where torch's expression in
+engine/codec/decoder.SnakeBeta rounds (after x*freq, after sin, after the square, after the product, after
+the sum; in fp32 these are no-ops), and the sine is libdevice sinf (tl.sin is sin.approx). It is not bit for
+bit torch's CUDA result: measured on an H200 (bench/codec_piece_bench.py --snake-exactness), about 15% of
+elements differ by one ulp of the output (fp32: <= 9.5e-7; bf16: one bf16 ulp); the rest are equal. Under
+the interpreter (CPU tests) bf16 matches torch's CPU expression exactly.
+
+freq = exp(alpha) and inv_mag = 1 / (exp(beta) + 1e-9) come precomputed in x.dtype (SnakeBeta.params).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ._util import require
+from .pdl import launch_options
+
+triton = tl = _sin = _bf16 = _round = _pdl_enter = None  # bound on first use by _kernel()
+
+BLOCK = 1024  # elements a program (4 warps, 8 per thread)
+
+
+def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor) -> torch.Tensor:
+    """x [B, C, L]; freq, inv_mag [C] in x.dtype: SnakeBeta's torch expression."""
+    return x + inv_mag[None, :, None] * torch.sin(x * freq[None, :, None]).pow(2)
+
+
+@functools.cache
+def _kernel():
+    global triton, tl, _sin, _bf16, _round, _pdl_enter  # the interpreter resolves module globals
+    import triton
+    import triton.language as tl
+
+    from . import interpreting
+    from .pdl import enter
+    _pdl_enter = enter()
+
+    if interpreting():  # no libdevice (numpy's sin is correctly rounded anyway); its bf16 casts truncate
+        @triton.jit
+        def _sin(x):
+            return tl.sin(x)
+
+        @triton.jit
+        def _bf16(v):  # round to nearest even by hand, as the GPU's cvt.rn does (finite values)
+            bits = v.to(tl.uint32, bitcast=True)
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            return bits.to(tl.float32, bitcast=True)
+    else:
+        from triton.language.extra import libdevice
+
+        @triton.jit
+        def _sin(x):
+            return libdevice.sin(x)
+
+        @triton.jit
+        def _bf16(v):
+            return v.to(tl.bfloat16).to(tl.float32)
+
+    @triton.jit
+    def _round(v, DT: tl.constexpr, IS_BF16: tl.constexpr):
+        """fp32 -> the activation dtype (round to nearest even) -> fp32."""
+        if IS_BF16:
+            return _bf16(v)
+        return v.to(DT).to(tl.float32)
+
+    @triton.jit(do_not_specialize=["N", "L", "C", "stride_row"])  # one compile serves every shape
+    def snake_kernel(x_ptr, freq_ptr, inv_ptr, out_ptr, N, L, C, stride_row, BLOCK: tl.constexpr,
+                     IS_BF16: tl.constexpr, PDL: tl.constexpr):
+        _pdl_enter(PDL)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < N
+        row = offs // L  # b * C + c
+        ch = row % C
+        dt: tl.constexpr = out_ptr.dtype.element_ty
+        xf = tl.load(x_ptr + row * stride_row + (offs - row * L), mask=mask, other=0.0).to(tl.float32)
+        f = tl.load(freq_ptr + ch, mask=mask, other=0.0).to(tl.float32)
+        m = tl.load(inv_ptr + ch, mask=mask, other=0.0).to(tl.float32)
+        s = _round(_sin(_round(xf * f, dt, IS_BF16)), dt, IS_BF16)  # sin(x * freq), each rounded as torch does
+        y = _round(m * _round(s * s, dt, IS_BF16), dt, IS_BF16)  # inv_mag * sin^2
+        tl.store(out_ptr + offs, _round(xf + y, dt, IS_BF16).to(dt), mask=mask)
+
+    return snake_kernel
+
+
+def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """x [B, C, L] (rows of L samples at one row stride, e.g. a slice of the last dim of a contiguous tensor;
+    anything else is made contiguous); freq, inv_mag [C] contiguous, x.dtype -> new contiguous [B, C, L]."""
+    b, c, length = x.shape
+    require(freq.shape == (c,) and inv_mag.shape == (c,) and freq.is_contiguous() and inv_mag.is_contiguous(),
+            f"snake params must be contiguous [{c}], got {tuple(freq.shape)} / {tuple(inv_mag.shape)}")
+    require(freq.dtype == x.dtype and inv_mag.dtype == x.dtype, "snake params must have the activation's dtype")
+    n = x.numel()
+    require(n < 2 ** 31, f"snake input of {n} elements overflows int32 offsets")
+    if not (x.stride(-1) == 1 and x.stride(0) == c * x.stride(1)):
+        x = x.contiguous()
+    out = torch.empty(b, c, length, dtype=x.dtype, device=x.device)
+    if n:
+        grid = ((n + BLOCK - 1) // BLOCK,)
+        _kernel()[grid](x, freq, inv_mag, out, n, length, c, x.stride(1), BLOCK=BLOCK,
+                        IS_BF16=x.dtype == torch.bfloat16, num_warps=4, **launch_options(pdl))
+    return out
