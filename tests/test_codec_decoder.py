@@ -402,3 +402,17 @@ def test_snake_params_are_cached_and_bit_identical():
     act(x).sum().backward()  # autograd on: computed in the call, gradients reach α and β
     assert act.alpha.grad is not None and act.beta.grad is not None
 
+
+@pytest.mark.parametrize("dilation", [3, 9])
+def test_folded_dilated_conv_is_the_dilated_conv(dilation):
+    """CausalConv1d._folded (what CUDA runs for dilated convs): a (7, 1) conv over [B, C, L / d, d] sums the
+    same terms as the dilated conv, at every length (zero padding to a multiple of d dropped again)."""
+    from engine.codec.decoder import CausalConv1d
+
+    torch.manual_seed(dilation)
+    conv = CausalConv1d(6, 5, 7, dilation=dilation).double()
+    for n in (1, 2, 5, 160, 161, 640):
+        x = torch.randn(2, 6, conv.left + n, dtype=torch.float64)
+        got = conv._folded(x)
+        assert got.shape == (2, 5, n)
+        assert (got - conv.conv(x)).abs().max().item() <= 1e-12, n

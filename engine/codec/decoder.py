@@ -88,6 +88,15 @@ def _with_tail(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState
 # ----------------------------------------------------------------------------------------------------
 # Convolutions and activations
 # ----------------------------------------------------------------------------------------------------
+# On CUDA, dilated convs run as a plain 2-D conv over the input viewed as [B, C, L / d, d]
+# (CausalConv1d._folded). For the 384- and 192-channel wave blocks at dilation 3 and 9, cuDNN 9 picks its
+# legacy implicit_convolve_sgemm (0.45-0.6 ms a conv for a 32-frame piece on an H200; 6 ms at 16 rows;
+# benchmark mode picks the same); folded they take 0.06-0.1 ms. Whole pieces measured faster with every
+# dilated conv folded than with only those two widths (bench/results/codec_pieces_h200.md).
+# False: every conv runs as nn.Conv1d.
+FOLD_DILATED_CONVS = True
+
+
 class CausalConv1d(nn.Module):
     """Stride-1 conv that sees only the present and the past: (kernel - 1) * dilation zeros on the left."""
 
@@ -97,7 +106,23 @@ class CausalConv1d(nn.Module):
         self.left = (kernel_size - 1) * dilation
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        return self.conv(_with_tail(self, x, self.left, state))
+        x = _with_tail(self, x, self.left, state)
+        if FOLD_DILATED_CONVS and x.is_cuda and self.conv.dilation[0] > 1 and self.conv.groups == 1:
+            return self._folded(x)
+        return self.conv(x)
+
+    def _folded(self, x: torch.Tensor) -> torch.Tensor:
+        """The dilated conv as a (k, 1) conv of x [B, C, L] viewed as [B, C, L / d, d] (zero-padded on the right
+        to a multiple of d): output t = h * d + w sums x[t + j * d] over taps j, exactly the dilated conv's
+        terms; the outputs past the real length are dropped (a view with a row stride, no copy)."""
+        d = self.conv.dilation[0]
+        n = x.shape[-1] - self.left
+        pad = (-x.shape[-1]) % d
+        if pad:
+            x = F.pad(x, (0, pad))
+        b, c, length = x.shape
+        y = F.conv2d(x.view(b, c, length // d, d), self.conv.weight.unsqueeze(-1), self.conv.bias)  # [B, O, H, d]
+        return y.reshape(b, y.shape[1], -1)[..., :n]
 
 
 class CausalConvTranspose1d(nn.Module):
