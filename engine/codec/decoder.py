@@ -189,7 +189,7 @@ class SnakeBeta(nn.Module):
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
         freq, inv_mag = self.params()
         ks = self.kernels
-        if ks is not None and "snake" in ks.active and x.is_cuda:
+        if ks is not None and "snake" in ks.active and x.is_cuda and x.numel() < 2 ** 30:  # int32 offsets
             return ks.snake(x, freq, inv_mag)
         return x + inv_mag[None, :, None] * torch.sin(x * freq[None, :, None]).pow(2)
 
