@@ -258,6 +258,7 @@ def main() -> None:
     ap.add_argument("--official-frames", type=int, default=50)
     ap.add_argument("--skip-faster", action="store_true")
     ap.add_argument("--skip-official", action="store_true")
+    ap.add_argument("--skip-no-triton", action="store_true", help="skip the graphs-only (Triton off) row")
     ap.add_argument("--clone", action="store_true", help="also time the 0.6B Base clone path")
     args = ap.parse_args()
     if args.worker == "ours":
@@ -275,7 +276,8 @@ def main() -> None:
         ckpt = checkpoint(size)
         r = results[f"{size} CustomVoice"] = {}
         r["ours"] = run_worker("ours", ckpt, args.frames, ["--takes", *map(str, args.takes)])
-        r["ours_no_triton"] = run_worker("ours", ckpt, args.frames, ["--takes", "1", "--triton", "off"])
+        if not args.skip_no_triton:
+            r["ours_no_triton"] = run_worker("ours", ckpt, args.frames, ["--takes", "1", "--triton", "off"])
         if not args.skip_faster:
             r["faster"] = run_worker("faster", ckpt, args.frames)
         if not args.skip_official:
