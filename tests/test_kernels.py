@@ -221,11 +221,44 @@ def test_linear(dtype, m, prologue, residual, bias, target):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("prologue,residual,bias", [("rms_norm", False, False), ("silu_mul", True, False),
+                                                    ("none", False, True)])
+@pytest.mark.parametrize("target", [1, 64])
+def test_linear_swapped_operands(dtype, m, prologue, residual, bias, target):
+    """The transposed tensor-core product (weight tile on the MMA's M side) gives the same result."""
+    st.check_linear(DEV, dtype, m, 40, 200, prologue, residual, bias, seed=m,
+                    config={**SMALL_LINEAR, "FMA_ROWS": 0, "SWAP_AB": True}, target=target)
+
+
+def test_linear_plan_paths():
+    """FMAs up to FMA_ROWS rows; above, the swapped tensor-core product when a prologue is fused, the plain
+    one otherwise and for a long SwiGLU (which torch runs)."""
+    from engine.kernels import linear as kl
+
+    assert not kl.plan(kl.FMA_ROWS, 4096, 1024, prologue="rms_norm")["USE_DOT"]
+    for prologue in ("rms_norm", "silu_mul"):
+        p = kl.plan(16, 1024, 3072, prologue=prologue)
+        assert p["USE_DOT"] and p["SWAP_AB"] and p["PROLOGUE"] == prologue
+        assert p["BLOCK_N"] == kl.CONFIG[f"dot_{prologue}"]["BLOCK_N"]
+    p = kl.plan(16, 1024, 2048)
+    assert p["USE_DOT"] and not p["SWAP_AB"] and p["BLOCK_N"] == kl.CONFIG["dot"]["BLOCK_N"]
+    p = kl.plan(8, 12288, 2048, prologue="rms_norm", sms=132)  # 192 swapped tiles > one wave: plain tiles
+    assert p["USE_DOT"] and not p["SWAP_AB"] and p["PROLOGUE"] == "rms_norm"
+    p = kl.plan(16, 2048, kl.SWIGLU_IN_DOT_MAX_K + 64, prologue="silu_mul")
+    assert p["PROLOGUE"] == "none" and not p["SWAP_AB"]
+    assert kl.plan(1, 2048, 6144, prologue="silu_mul")["PROLOGUE"] == "silu_mul"  # FMAs keep it fused
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("prologue", ["rms_norm", "none"])
 def test_linear_one_tile(dtype, m, prologue):
     """K fits one tile: the weight load is issued before the row's norm (no K loop)."""
     st.check_linear(DEV, dtype, m, 40, 200, prologue, seed=m, config={**SMALL_LINEAR, "BLOCK_K": 256}, target=1)
+    if m > 1:  # and the swapped tensor-core product
+        st.check_linear(DEV, dtype, m, 40, 200, prologue, seed=m, target=1,
+                        config={**SMALL_LINEAR, "BLOCK_K": 256, "FMA_ROWS": 0, "SWAP_AB": True})
 
 
 def test_linear_long_swiglu_on_tensor_cores():

@@ -99,9 +99,15 @@ def _kernel():
         return _round(a * nw[None, :], dt, EMULATE_RNE)
 
     @triton.jit
-    def _mma(acc, a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
-        """acc [rows, BLOCK_N] += a [rows, BLOCK_K] @ w [BLOCK_N, BLOCK_K]^T."""
-        if USE_DOT:  # tensor cores; rows padded to 16
+    def _mma(acc, a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr, SWAP_AB: tl.constexpr):
+        """acc [rows, BLOCK_N] += a [rows, BLOCK_K] @ w [BLOCK_N, BLOCK_K]^T; with SWAP_AB the transposed
+        product, acc [BLOCK_N, rows] += w @ a^T (the weight tile is the MMA's M side, the rows its N side)."""
+        if SWAP_AB:
+            if IEEE:
+                acc += tl.dot(w.to(tl.float32), tl.trans(a).to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(w, tl.trans(a))
+        elif USE_DOT:  # tensor cores; rows padded to 16
             if IEEE:  # fp32 inputs (or the interpreter, whose numpy dot has no bf16): exact fp32 products
                 acc += tl.dot(a.to(tl.float32), tl.trans(w).to(tl.float32), input_precision="ieee")
             else:
@@ -133,6 +139,7 @@ def _kernel():
                       M, N, K, eps, chunk,
                       PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                       USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr, ONE_TILE: tl.constexpr,
+                      SWAP_AB: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -142,7 +149,10 @@ def _kernel():
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_ok = rm < M
         n_ok = rn < N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if SWAP_AB:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         # The first weight tile is loaded before pdl_enter: weights are never written, so under PDL these
         # bytes stream in while the previous kernel finishes.
         k_start = pid_k * chunk
@@ -157,7 +167,7 @@ def _kernel():
                 af = a.to(tl.float32)
                 rinv = tl.rsqrt(tl.sum(af * af, axis=1) / K + eps)
                 a = _rms_apply(a, rinv, nw_ptr, rk, k_ok, dt, EMULATE_RNE)
-            acc = _mma(acc, a, w, USE_DOT, IEEE)
+            acc = _mma(acc, a, w, USE_DOT, IEEE, SWAP_AB)
         else:
             rinv = tl.zeros([BLOCK_M], tl.float32)
             if PROLOGUE == 1:  # RMS of each full row (every program recomputes it: M x K from L2 is cheap)
@@ -169,14 +179,16 @@ def _kernel():
                     ss += tl.sum(xv * xv, axis=1)
                 rinv = tl.rsqrt(ss / K + eps)
             a = _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE, dt, EMULATE_RNE)
-            acc = _mma(acc, a, w, USE_DOT, IEEE)
+            acc = _mma(acc, a, w, USE_DOT, IEEE, SWAP_AB)
             for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
                 k_ok = rk < k_end
                 a = _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE, dt, EMULATE_RNE)
                 w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                             other=0.0)
-                acc = _mma(acc, a, w, USE_DOT, IEEE)
+                acc = _mma(acc, a, w, USE_DOT, IEEE, SWAP_AB)
+        if SWAP_AB:
+            acc = tl.trans(acc)
         out_mask = m_ok[:, None] & n_ok[None, :]
         last = splits == 1
         if splits > 1:
@@ -187,7 +199,7 @@ def _kernel():
             last = arrived == splits - 1
             if last:  # fixed summation order, whoever arrives last
                 acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for sp in range(0, splits):
+                for sp in range(splits):
                     acc += tl.load(part_ptr + sp * M * N + tile, mask=out_mask, other=0.0, cache_modifier=".cg")
                 tl.atomic_xchg(count_ptr + pid_n, 0)  # re-arm for the next launch
         if last:
@@ -201,13 +213,22 @@ def _kernel():
     return linear_kernel
 
 
-# Launch shapes from the decode-shape sweep (bench/kernel_bench.py --linear-sweep, results in
-# bench/results/linear_sweep_bf16.json). Up to FMA_ROWS rows the matmul runs as FMAs over [rows, 8, 1024]
-# tiles with 4 programs per SM; above, on tensor cores (rows padded to 16) over [16+, 32, 256] tiles
-# with 2 per SM. PROGRAMS_PER_SM sets how far K is split when N is narrow.
+# Launch shapes from the decode-shape sweeps (bench/kernel_bench.py --linear-sweep, results in
+# bench/results/linear_sweep_bf16.json and, for 3+ rows, linear_sweep_bf16_rows16_8_4_*_h200.json) and
+# whole-frame timings (bench/results/linear_rows16_h200.md). Up to FMA_ROWS rows the matmul runs as FMAs
+# over [rows, 8, 1024] tiles with 4 programs per SM. Above, on tensor cores (rows padded to 16) with one
+# program per SM: plain matmuls as [16+, 32, 256] tiles of rows x weight columns, those with a fused
+# prologue as the swapped product over [64, 16+, 256] tiles (64 weight rows on the MMA's M side), so each
+# program's prologue work (the row's sum of squares, the SiLU) is spread over more weight. (32-row swapped
+# tiles time faster for RMSNorm in the sweep, which runs without PDL, but slower in the PDL frame graph.)
+# Where the 64-row tiles alone would be more than one wave of programs, the plain tiles run instead.
+# PROGRAMS_PER_SM sets how far K is split when N is narrow.
 FMA_ROWS = 2
+_DOT = {"BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 1, "SWAP_AB": False}
 CONFIG = {"fma": {"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 4},
-          "dot": {"BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 2}}
+          "dot": _DOT,
+          "dot_rms_norm": {**_DOT, "SWAP_AB": True, "BLOCK_N": 64},
+          "dot_silu_mul": {**_DOT, "SWAP_AB": True, "BLOCK_N": 64}}
 
 
 SWIGLU_IN_DOT_MAX_K = 4096
@@ -219,13 +240,19 @@ def _counters(device) -> torch.Tensor:
     return torch.zeros(1 << 16, dtype=torch.int32, device=device)
 
 
-def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132) -> dict:
+def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132, prologue: str = "none") -> dict:
     """Launch parameters for an [m, k] x [k, n] decode matmul (pure Python, testable without a GPU).
 
-    `config` overrides the chosen path's CONFIG entries ("FMA_ROWS" included); `target` the program count."""
+    `config` overrides the chosen path's CONFIG entries ("FMA_ROWS" included); `target` the program count.
+    "PROLOGUE" is the prologue the kernel runs: a long SwiGLU on tensor cores is left to torch (none)."""
     fma_rows = (config or {}).get("FMA_ROWS", FMA_ROWS)
     use_dot = m > fma_rows
-    cfg = {**CONFIG["dot" if use_dot else "fma"], **(config or {})}
+    if prologue == "silu_mul" and use_dot and k > SWIGLU_IN_DOT_MAX_K:
+        prologue = "none"
+    path = "fma" if not use_dot else "dot" if prologue == "none" else f"dot_{prologue}"
+    if path != "dot" and use_dot and -(-n // CONFIG[path]["BLOCK_N"]) > CONFIG[path]["PROGRAMS_PER_SM"] * sms:
+        path = "dot"  # more swapped tiles than one wave of programs (1.7B gate_up): the plain ones measured faster
+    cfg = {**CONFIG[path], **(config or {})}
     target = cfg["PROGRAMS_PER_SM"] * sms if target is None else target
     block_n, block_k = cfg["BLOCK_N"], cfg["BLOCK_K"]
     if use_dot:
@@ -237,7 +264,8 @@ def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132) -> di
     splits = -(-k // chunk)  # no empty programs
     block_m = max(16, next_pow2(m)) if use_dot else next_pow2(m)
     return {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-            "BLOCK_M": block_m, "USE_DOT": use_dot, "n_blocks": n_blocks, "splits": splits, "chunk": chunk}
+            "BLOCK_M": block_m, "USE_DOT": use_dot, "SWAP_AB": use_dot and bool(cfg.get("SWAP_AB", False)),
+            "n_blocks": n_blocks, "splits": splits, "chunk": chunk, "PROLOGUE": prologue, "target": target}
 
 
 def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
@@ -259,8 +287,8 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     require(weight.stride(-1) == 1, "weight rows must be contiguous")
     require(x2.shape[1] == (2 * k if code == 2 else k),
             f"input {tuple(x.shape)} for weight {tuple(weight.shape)}, {prologue}")
-    p = plan(m, n, k, config, target, sm_count(x.device))
-    if code == 2 and p["USE_DOT"] and k > SWIGLU_IN_DOT_MAX_K:
+    p = plan(m, n, k, config, target, sm_count(x.device), prologue)
+    if code == 2 and p["PROLOGUE"] == "none":
         # Measured (bench/results/linear_sweep_bf16_rows8.json): on the tensor-core path a long SwiGLU
         # prologue starves the loads (1.7B down_proj, 8 rows: 43.5 us fused, 17.9 us in torch). There the
         # SwiGLU runs as its two torch ops and this kernel does the matmul and the residual.
@@ -277,7 +305,7 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
         m, n, k, float(eps), p["chunk"],
         PROLOGUE=code, RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=p["USE_DOT"],
         IEEE=x.dtype == torch.float32 or interpreting(), EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
-        ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2,
+        ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2, SWAP_AB=p["SWAP_AB"],
         BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"],
         num_warps=p["num_warps"], num_stages=p["num_stages"], **launch_options(pdl))
     return y.view(*lead, n)

@@ -86,7 +86,7 @@ def check_linear(device, dtype, m, n, k, prologue="none", residual=False, bias=F
     b = _rand((n,), dtype, device, seed + 3) if bias else None
     r = _rand((m, 1, n), dtype, device, seed + 4) if residual else None
     args = {"prologue": prologue, "norm_weight": nw, "eps": 1e-6, "bias": b, "residual": r}
-    splits = kl.plan(m, n, k, config, target)["splits"]
+    splits = kl.plan(m, n, k, config, target, prologue=prologue)["splits"]
     _close(kl.linear(x, w, **args, config=config, target=target), kl.exact(x, w, **args), LINEAR_TOL[dtype],
            f"linear {dtype} M={m} N={n} K={k} {prologue} residual={residual} bias={bias} splits={splits}")
     return splits
