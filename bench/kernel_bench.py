@@ -4,6 +4,7 @@ Each op is captured 50 times into one CUDA graph and the graph replayed, so the 
 the in-graph launch cost the whole-frame graph pays. Rows M = 1, 4, 8, 16; 0.6B / 1.7B widths.
 
     python bench/kernel_bench.py --out bench/results/kernels [--dtype bf16] [--reps 20]
+    python bench/kernel_bench.py --linear-sweep --linear-grid wide --rows 4 8 16 --jobs 12 --out DIR
     python bench/kernel_bench.py --attention --out bench/results/kernels [--rows 1 16] [--windows 256 1024]
 """
 from __future__ import annotations
@@ -97,26 +98,129 @@ def sweep_configs(m: int) -> list:
             + [{"BLOCK_N": bn, "BLOCK_K": bk, "num_stages": st, "FMA_ROWS": 0} for bn, bk, st in dot])
 
 
-def linear_sweep(dt, dev, reps, row_counts=(1, 16)):
+def wide_configs(m: int) -> list:
+    """--linear-grid wide: the tensor-core path at 3+ rows over wider column tiles, the swapped product
+    (weight tile on the MMA's M side, rows on its N side) and warp counts; the first entry is CONFIG's."""
+    if m <= 2:
+        return sweep_configs(m)
+    base = {**linear.CONFIG["dot"], "FMA_ROWS": 0}
+    base.pop("PROGRAMS_PER_SM")
+    grid = [(False, 32, 256, 4), (False, 64, 256, 4), (False, 128, 128, 4), (True, 64, 128, 4), (True, 64, 256, 4),
+            (True, 128, 128, 4), (True, 128, 128, 8), (True, 128, 256, 8)]
+    out = [base]
+    for swap, bn, bk, warps in grid:
+        cfg = {**base, "SWAP_AB": swap, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps}
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def tune_configs(m: int) -> list:
+    """--linear-grid tune: CONFIG's tensor-core entries, the swapped product at other stage counts, K steps
+    (its shared memory sets how many programs fit an SM) and 32 columns."""
+    if m <= 2:
+        return sweep_configs(m)
+    plain, rms, swiglu = ({**{k: v for k, v in linear.CONFIG[path].items() if k != "PROGRAMS_PER_SM"},
+                           "FMA_ROWS": 0} for path in ("dot", "dot_rms_norm", "dot_silu_mul"))
+    return [plain, rms, {**rms, "BLOCK_N": 32}, {**swiglu, "num_stages": 2}, {**swiglu, "BLOCK_K": 128},
+            {**swiglu, "BLOCK_K": 128, "num_stages": 4}, {**plain, "num_stages": 2}]
+
+
+def plan_configs(m: int) -> list:
+    """--linear-grid plan: the engine's own launch (CONFIG and PROGRAMS_PER_SM)."""
+    return [None]
+
+
+GRIDS = {"base": (sweep_configs, (2, 4)), "wide": (wide_configs, (1, 2, 4)), "tune": (tune_configs, (0.5, 1, 2)),
+         "plan": (plan_configs, (None,))}
+
+
+_CONSTEXPRS = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "USE_DOT", "SWAP_AB", "PROLOGUE")
+
+
+def _target(mult, sms):
+    return None if mult is None else round(mult * sms)
+
+
+def _precompile(tasks):
+    """Worker of linear_sweep's parallel compile: one small launch per (rows, shape, config, dtype), which
+    leaves the kernel in Triton's on-disk cache for the timing process."""
+    for m, n, k, prologue, residual, bias, config, target, dtname in tasks:
+        dt = DTYPES[dtname]
+        try:
+            _launch_once(m, n, k, prologue, residual, bias, config, target, dt)
+        except Exception as e:  # noqa: BLE001 (a tile too big for shared memory: the timing loop reports it)
+            print(f"compile failed: {config} {type(e).__name__}: {str(e)[:200]}", flush=True)
+    torch.cuda.synchronize()
+    return len(tasks)
+
+
+def _launch_once(m, n, k, prologue, residual, bias, config, target, dt):
+    """One small launch of the kernel (it compiles on the first)."""
+    x = torch.randn(m, 1, 2 * k if prologue == "silu_mul" else k, device="cuda", dtype=dt)
+    w = torch.randn(n, k, device="cuda", dtype=dt)
+    linear.linear(x, w, prologue=prologue, norm_weight=torch.ones(k, device="cuda", dtype=dt)
+                  if prologue == "rms_norm" else None, bias=torch.zeros(n, device="cuda", dtype=dt) if bias
+                  else None, residual=torch.zeros(m, 1, n, device="cuda", dtype=dt) if residual else None,
+                  config=config, target=target)
+
+
+def precompile(dt, row_counts, configs_for, mults, jobs, sms):
+    """Compile every kernel variant the sweep will launch in `jobs` processes (Triton compiles one at a
+    time per process; the timing loop then finds them cached)."""
+    import itertools
+    import multiprocessing
+
+    dtname = next(key for key, v in DTYPES.items() if v == dt)
+    seen, tasks = set(), []
+    for m in row_counts:
+        for (n, k, prologue, residual, bias), config, mult in itertools.product(selftest.LINEAR_SHAPES,
+                                                                                configs_for(m), mults):
+            p = linear.plan(m, n, k, config, _target(mult, sms), prologue=prologue)
+            key = (m == 1, m % 16 == 0, prologue, residual, bias, *(p[c] for c in _CONSTEXPRS),
+                   p["splits"] == 1 and k <= p["BLOCK_K"], p["BLOCK_M"])
+            if key not in seen:
+                seen.add(key)
+                tasks.append((m, n, k, prologue, residual, bias, config, _target(mult, sms), dtname))
+    t = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        done = sum(pool.map(_precompile, [tasks[i::jobs] for i in range(jobs)]))
+    print(f"compiled {done} kernel variants in {time.perf_counter() - t:.1f} s ({jobs} processes)", flush=True)
+
+
+def linear_sweep(dt, dev, reps, row_counts=(1, 16), grid="base", jobs=0):
     """Time every launch configuration at every decode matmul shape."""
     import itertools
 
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    configs_for, mults = GRIDS[grid]
+    if jobs > 1:
+        precompile(dt, row_counts, configs_for, mults, jobs, sms)
     rows = []
     for m in row_counts:
         for n, k, prologue, residual, bias in selftest.LINEAR_SHAPES:
             _, ref = linear_case(dt, dev, m, n, k, prologue, residual, bias)
             t_ref = graph_time_us(ref, reps=reps)
-            for config, mult in itertools.product(sweep_configs(m), (2, 4)):
-                fn, _ = linear_case(dt, dev, m, n, k, prologue, residual, bias, config=config, target=mult * sms)
-                t = graph_time_us(fn, inner=20, reps=reps)
-                p = linear.plan(m, n, k, config, mult * sms)
-                rows.append({"M": m, "N": n, "K": k, "prologue": prologue, **config, "target": mult * sms,
-                             "dot": p["USE_DOT"], "splits": p["splits"], "us": round(t, 2),
+            for config, mult in itertools.product(configs_for(m), mults):
+                fn, _ = linear_case(dt, dev, m, n, k, prologue, residual, bias, config=config,
+                                    target=_target(mult, sms))
+                try:
+                    t = graph_time_us(fn, inner=20, reps=reps)
+                except Exception as e:  # noqa: BLE001 (e.g. Triton's OutOfResources for a too-large tile)
+                    torch.cuda.synchronize()
+                    print(f"M={m} N={n} K={k} {config} target={_target(mult, sms)}: "
+                          f"{type(e).__name__}: {str(e)[:200]}")
+                    continue
+                p = linear.plan(m, n, k, config, _target(mult, sms), prologue=prologue)
+                rows.append({"M": m, "N": n, "K": k, "prologue": prologue, **(config or {}), "target": p["target"],
+                             "BLOCK_N": p["BLOCK_N"], "BLOCK_K": p["BLOCK_K"], "num_stages": p["num_stages"],
+                             "dot": p["USE_DOT"], "swap": p["SWAP_AB"], "num_warps": p["num_warps"],
+                             "splits": p["splits"], "us": round(t, 2),
                              "torch_us": round(t_ref, 2), "GBps": round(n * k * 2 / t / 1e3, 1)})
             best = min((r for r in rows if (r["M"], r["N"], r["K"]) == (m, n, k)), key=lambda r: r["us"])
             print(f"M={m:2d} N={n:5d} K={k:5d} {prologue:8s} best {best['us']:6.2f} us ({best['GBps']} GB/s) "
-                  f"dot={best['dot']} BN={best['BLOCK_N']} BK={best['BLOCK_K']} st={best['num_stages']} target={best['target']} "
+                  f"dot={best['dot']} swap={best['swap']} warps={best['num_warps']} BN={best['BLOCK_N']} "
+                  f"BK={best['BLOCK_K']} st={best['num_stages']} target={best['target']} "
                   f"splits={best['splits']}; torch {t_ref:.2f} us", flush=True)
     return rows
 
@@ -237,6 +341,11 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--linear-sweep", action="store_true", help="only sweep linear launch configurations")
+    ap.add_argument("--linear-grid", default="base", choices=list(GRIDS),
+                    help="--linear-sweep configurations: base (FMA and 16/32-column tensor-core tiles) or wide "
+                         "(tensor-core tiles up to 128 columns, swapped operands, warps)")
+    ap.add_argument("--jobs", type=int, default=0, help="--linear-sweep: compile the kernels first in this many "
+                                                         "processes")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="row counts for --linear-sweep / --attention")
     ap.add_argument("--attention", action="store_true",
                     help="only the talker attention: torch against the Triton kernel's launch shapes")
@@ -247,10 +356,11 @@ def main():
         sys.exit(f"kernel_bench needs the Triton kernels on CUDA: {why}")
     dt, dev = DTYPES[args.dtype], "cuda"
     if args.linear_sweep:
-        rows = linear_sweep(dt, dev, args.reps, args.rows)
+        rows = linear_sweep(dt, dev, args.reps, args.rows, args.linear_grid, args.jobs)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         tag = "" if args.rows == [1, 16] else "_rows" + "_".join(map(str, args.rows))
+        tag += "" if args.linear_grid == "base" else f"_{args.linear_grid}"
         (out / f"linear_sweep_{args.dtype}{tag}.json").write_text(json.dumps(rows, indent=1))
         return
     if args.attention:
