@@ -137,7 +137,7 @@ def _kernel():
                     a = tl.load(xp, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
                     if PROLOGUE == 1:
                         a = _rms_apply(a, rinv, nw_ptr, rk, rk < K, dt, EMULATE_RNE)
-                acc = _mma(acc, a, w, USE_DOT, IEEE)
+                acc = _mma(acc, a, w, USE_DOT, IEEE, False)  # rows on the M side (no swapped product)
             out_ok = m_ok[:, None] & n_ok[None, :]
             if RESIDUAL:
                 acc += tl.load(res_ptr + rm[:, None] * sr + rn[None, :], mask=out_ok, other=0.0,
