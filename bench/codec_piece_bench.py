@@ -34,6 +34,8 @@ from engine.checkpoint import presets
 from engine.checkpoint.random_init import init_module
 from engine.codec.config import CodecConfig
 from engine.codec.decoder import CodecDecoder, SnakeBeta
+from kernel_bench import graph_time_us  # bench/ is on sys.path when a bench runs
+from timing import cuda_kernels, mean_gpu_ms
 
 
 def build_decoder(dtype=torch.bfloat16) -> CodecDecoder:
@@ -49,34 +51,8 @@ def build_decoder(dtype=torch.bfloat16) -> CodecDecoder:
     return dec.to("cuda", dtype).eval()
 
 
-def gpu_ms(fn, repeats) -> float:
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(repeats):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / repeats
-
-
 def kernel_table(fn) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    groups = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            g = groups.setdefault(e.name[:90], [0, 0.0])
-            g[0] += 1
-            g[1] += e.device_time_total
-    rows = sorted(({"kernel": k, "count": c, "us": round(us, 1)} for k, (c, us) in groups.items()),
-                  key=lambda r: -r["us"])
+    rows = cuda_kernels(fn)
     return {"kernels": sum(r["count"] for r in rows), "summed_us": round(sum(r["us"] for r in rows), 1),
             "top": rows[:12]}
 
@@ -123,7 +99,7 @@ def _pieces_bench(args, dec) -> dict:
         out["replay_ms"][bucket] = {}
         for size in PIECES:
             graph = graphs.graphs[(bucket, size)][0]
-            out["replay_ms"][bucket][size] = round(gpu_ms(graph.replay, args.repeats), 4)
+            out["replay_ms"][bucket][size] = round(mean_gpu_ms(graph.replay, args.repeats), 4)
         print(f"replay ms, {bucket:2d} rows: " + "  ".join(f"{s}f {ms:.3f}" for s, ms in out["replay_ms"][bucket].items()),
               flush=True)
     state = graphs.state(1)
@@ -196,31 +172,6 @@ def conv_probe(args) -> dict:
     return {"gpu": torch.cuda.get_device_name(), "convs": rows, "total_us": total}
 
 
-def graph_us(fn, inner=10, reps=10) -> float:
-    """Median GPU us per call of fn, as replays of a graph holding `inner` calls (no launch overhead)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / inner)
-    return sorted(times)[len(times) // 2]
-
-
 def conv_variants(args) -> dict:
     """The k=7 convs of the wave blocks (input with its causal left context, as the decoder runs them) four
     ways: torch's conv1d; channels-last (weight stored NHWC once, input and output converted per call);
@@ -275,7 +226,7 @@ def conv_variants(args) -> dict:
                     if d == 1 and name.startswith("fold"):
                         continue
                     diff = (fn().float() - ref).abs().max().item()
-                    row[name] = round(graph_us(fn), 1)
+                    row[name] = round(graph_time_us(fn, inner=10, reps=10), 1)
                     row[name + "_maxdiff"] = diff
                 rows.append(row)
                 print("  ".join(f"{k} {v}" for k, v in row.items()), flush=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -26,49 +25,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from timing import cuda_kernels, mean_gpu_ms
+
 
 def frame_ms(runner, frames=200) -> float:
     s = runner.s
     saved = s.snapshot()
     graph = runner._graph(runner._window(runner.position))
-    graph.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(frames):
-        graph.replay()
-    b.record()
-    b.synchronize()
+    ms = mean_gpu_ms(graph.replay, frames)
     s.restore(saved)
-    return a.elapsed_time(b) / frames
+    return ms
 
 
 @torch.inference_mode()  # the engine's state tensors are inference tensors
 def kernel_table(eng) -> list:
     """One eager frame body under the profiler: [{kernel, count, us}] by summed device time (the graph
     replays exactly these launches)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from engine.gpu.frame_graph import frame_body
 
     runner = eng.runner
     s = runner.s
     saved = s.snapshot()
     window = runner._window(runner.position)
-    frame_body(eng.talker, runner.fused, s, window)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        frame_body(eng.talker, runner.fused, s, window)
-        torch.cuda.synchronize()
+    rows = cuda_kernels(lambda: frame_body(eng.talker, runner.fused, s, window))
     s.restore(saved)
-    groups = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            g = groups[e.name[:90]]
-            g[0] += 1
-            g[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    rows = [{"kernel": k, "count": c, "us": round(us, 1)} for k, (c, us) in groups.items()]
-    rows.sort(key=lambda r: -r["us"])
     return rows
 
 

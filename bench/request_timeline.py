@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_bench import checkpoint
 from real_length_script import script
+from timing import cuda_kernels, mean_gpu_ms
 
 SPEAKER = "ryan"
 
@@ -142,20 +143,8 @@ def install(probe: Probe):
 
 def graph_ms_by_window(eng, frames=100) -> dict:
     """Warm back-to-back replays of each one-row frame graph: the pure GPU ms per frame of each window."""
-    out = {}
-    for (batch, window), graph in sorted(eng.runner.graphs.items()):
-        if batch != 1:
-            continue
-        graph.replay()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(frames):
-            graph.replay()
-        b.record()
-        b.synchronize()
-        out[window] = a.elapsed_time(b) / frames
-    return out
+    return {window: mean_gpu_ms(graph.replay, frames)
+            for (batch, window), graph in sorted(eng.runner.graphs.items()) if batch == 1}
 
 
 @torch.inference_mode()
@@ -181,28 +170,14 @@ def first_seen_projection(eng, lengths=(333, 517, 701, 909)) -> list:
 @torch.inference_mode()
 def codec_piece_profile(eng) -> dict:
     """Kernels of one eager codec piece (1 and 32 frames, one row), grouped by name, and the graph replay."""
-    from torch.profiler import ProfilerActivity, profile
-
     graphs = eng.codec_graphs
     state = graphs.state(1)
     q = eng.codec.decoder.cfg.num_quantizers
     out = {}
     for frames in (1, 32):
         codes = torch.zeros(1, q, frames, dtype=torch.long, device="cuda")
-        eng.codec.decoder(codes, state, check=False)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            eng.codec.decoder(codes, state, check=False)
-            torch.cuda.synchronize()
-        groups = {}
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                g = groups.setdefault(e.name[:80], [0, 0.0])
-                g[0] += 1
-                g[1] += e.device_time_total
-        rows = sorted(({"kernel": k, "count": c, "us": round(us, 1)} for k, (c, us) in groups.items()),
-                      key=lambda r: -r["us"])
-        replay = wall_gpu_ms(lambda c=codes: graphs.decode(c, state))
+        rows = cuda_kernels(lambda c=codes: eng.codec.decoder(c, state, check=False), width=80)
+        replay = mean_gpu_ms(lambda c=codes: graphs.decode(c, state), 10)
         out[frames] = {"kernels": sum(r["count"] for r in rows), "summed_us": round(sum(r["us"] for r in rows), 1),
                        "graph_replay_ms": replay, "top": rows[:15]}
         print(f"codec piece {frames} frames: {out[frames]['kernels']} kernels, {out[frames]['summed_us']} us summed, "
@@ -211,18 +186,6 @@ def codec_piece_profile(eng) -> dict:
             print(f"   {r['count']:4d} {r['us']:8.1f} us  {r['kernel']}")
     state.zero_()
     return out
-
-
-def wall_gpu_ms(fn, repeats=10) -> float:
-    fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(repeats):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / repeats
 
 
 def pct(xs, q):

@@ -1,7 +1,44 @@
-"""Shared by the benches: the best of several timed runs."""
+"""Shared by the benches: the best of several timed runs, GPU time of a call, the kernels of a call."""
 from __future__ import annotations
 
 
 def best_of(run, n: int = 3, key=None):
     """Call run(rep) for rep in 0..n-1 and return the result that is smallest by `key` (the first on ties)."""
     return min((run(rep) for rep in range(n)), key=key)
+
+
+def mean_gpu_ms(fn, repeats: int = 20) -> float:
+    """Mean GPU milliseconds of fn() called back to back `repeats` times (one warm call first; CUDA events
+    around the run, so host launch time between calls counts only where the GPU waits for it)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(repeats):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / repeats
+
+
+def cuda_kernels(fn, width: int = 90) -> list:
+    """The CUDA kernels of one fn() call (after one warm call), grouped by name cut to `width` characters:
+    [{kernel, count, us}], by summed device time. A graph replays exactly the kernels of its eager body."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    groups = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            g = groups.setdefault(e.name[:width], [0, 0.0])
+            g[0] += 1
+            g[1] += e.device_time_total
+    rows = [{"kernel": k, "count": c, "us": round(us, 1)} for k, (c, us) in groups.items()]
+    return sorted(rows, key=lambda r: -r["us"])
