@@ -16,10 +16,11 @@ import functools
 
 import torch
 
+from . import interpreting
 from ._util import require
 from .pdl import launch_options
 
-triton = tl = _sin = _bf16 = _round = _pdl_enter = None  # bound on first use by _kernel()
+triton = tl = _sin = _round = _to_fp32 = _pdl_enter = None  # bound on first use by _kernel()
 
 BLOCK = 1024  # elements a program (4 warps, 8 per thread)
 
@@ -31,24 +32,20 @@ def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor) -> tor
 
 @functools.cache
 def _kernel():
-    global triton, tl, _sin, _bf16, _round, _pdl_enter  # the interpreter resolves module globals
+    global triton, tl, _sin, _round, _to_fp32, _pdl_enter  # the interpreter resolves module globals
     import triton
     import triton.language as tl
 
-    from . import interpreting
+    from . import linear as kl
     from .pdl import enter
     _pdl_enter = enter()
+    kl._kernel()
+    _round = kl._round  # fp32 -> dtype, round to nearest even (by hand where the interpreter's cast truncates)
 
-    if interpreting():  # no libdevice (numpy's sin is correctly rounded anyway); its bf16 casts truncate
+    if interpreting():  # no libdevice (numpy's sin is correctly rounded anyway)
         @triton.jit
         def _sin(x):
             return tl.sin(x)
-
-        @triton.jit
-        def _bf16(v):  # round to nearest even by hand, as the GPU's cvt.rn does (finite values)
-            bits = v.to(tl.uint32, bitcast=True)
-            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-            return bits.to(tl.float32, bitcast=True)
     else:
         from triton.language.extra import libdevice
 
@@ -56,20 +53,14 @@ def _kernel():
         def _sin(x):
             return libdevice.sin(x)
 
-        @triton.jit
-        def _bf16(v):
-            return v.to(tl.bfloat16).to(tl.float32)
-
     @triton.jit
-    def _round(v, DT: tl.constexpr, IS_BF16: tl.constexpr):
-        """fp32 -> the activation dtype (round to nearest even) -> fp32."""
-        if IS_BF16:
-            return _bf16(v)
-        return v.to(DT).to(tl.float32)
+    def _to_fp32(v, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """v rounded to the activation dtype, back in fp32 (where torch's expression rounds)."""
+        return _round(v, dt, EMULATE_RNE).to(tl.float32)
 
     @triton.jit(do_not_specialize=["N", "L", "C", "stride_row"])  # one compile serves every shape
     def snake_kernel(x_ptr, freq_ptr, inv_ptr, out_ptr, N, L, C, stride_row, BLOCK: tl.constexpr,
-                     IS_BF16: tl.constexpr, PDL: tl.constexpr):
+                     EMULATE_RNE: tl.constexpr, PDL: tl.constexpr):
         _pdl_enter(PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < N
@@ -79,9 +70,9 @@ def _kernel():
         xf = tl.load(x_ptr + row * stride_row + (offs - row * L), mask=mask, other=0.0).to(tl.float32)
         f = tl.load(freq_ptr + ch, mask=mask, other=0.0).to(tl.float32)
         m = tl.load(inv_ptr + ch, mask=mask, other=0.0).to(tl.float32)
-        s = _round(_sin(_round(xf * f, dt, IS_BF16)), dt, IS_BF16)  # sin(x * freq), each rounded as torch does
-        y = _round(m * _round(s * s, dt, IS_BF16), dt, IS_BF16)  # inv_mag * sin^2
-        tl.store(out_ptr + offs, _round(xf + y, dt, IS_BF16).to(dt), mask=mask)
+        s = _to_fp32(_sin(_to_fp32(xf * f, dt, EMULATE_RNE)), dt, EMULATE_RNE)  # sin(x * freq), rounded as torch
+        y = _to_fp32(m * _to_fp32(s * s, dt, EMULATE_RNE), dt, EMULATE_RNE)  # inv_mag * sin^2
+        tl.store(out_ptr + offs, _round(xf + y, dt, EMULATE_RNE), mask=mask)
 
     return snake_kernel
 
@@ -101,5 +92,6 @@ def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, pdl: bool 
     if n:
         grid = ((n + BLOCK - 1) // BLOCK,)
         _kernel()[grid](x, freq, inv_mag, out, n, length, c, x.stride(1), BLOCK=BLOCK,
-                        IS_BF16=x.dtype == torch.bfloat16, num_warps=4, **launch_options(pdl))
+                        EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(), num_warps=4,
+                        **launch_options(pdl))
     return out
