@@ -173,7 +173,7 @@ class SnakeBeta(nn.Module):
         inference tensors (made under torch.inference_mode, which keeps no version counter).
 
         The cache follows in-place updates (load_state_dict, copy_) and moves (.to); a write through
-        `.data` bypasses the version counter, so after one call `refresh()`."""
+        `.data` bypasses the version counter (assign new parameters instead)."""
         a, b = self.alpha, self.beta
         if (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)) or a.is_inference() or b.is_inference():
             return a.exp(), 1.0 / (b.exp() + 1e-9)  # tracked by autograd, or no version counter to follow
@@ -182,9 +182,6 @@ class SnakeBeta(nn.Module):
             with torch.no_grad():
                 self._params = (key, self.alpha.exp(), 1.0 / (self.beta.exp() + 1e-9))
         return self._params[1], self._params[2]
-
-    def refresh(self) -> None:
-        self._params = None
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
         freq, inv_mag = self.params()

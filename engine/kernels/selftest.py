@@ -50,6 +50,10 @@ def check_rms_norm(device, dtype, m, n, seed=0):
     _close(k.rms_norm(x, w, 1e-6), k.reference(x, w, 1e-6), TOL[dtype], f"rms_norm {dtype} M={m} N={n}")
 
 
+# SnakeBeta inputs of the real codec: (channels, samples) of each wave block at 1 and 32 frames
+SNAKE_SHAPES = [(1536, 4), (768, 32), (384, 160), (192, 640), (96, 1920), (1536, 128), (96, 61440)]
+
+
 def check_snake(device, dtype, b, c, length, seed=0, row_pad=0):
     """SnakeBeta: every step rounds where torch's expression rounds, so only the sine may differ (an ulp).
     row_pad > 0: x is a slice of the last dim (rows at a stride of length + row_pad), as after a folded conv."""
@@ -306,10 +310,6 @@ def run_all(device="cuda", verbose=True):
 
 if __name__ == "__main__":
     run_all()
-
-
-# SnakeBeta inputs of the real codec: (channels, samples) of each wave block at 1 and 32 frames
-SNAKE_SHAPES = [(1536, 4), (768, 32), (384, 160), (192, 640), (96, 1920), (1536, 128), (96, 61440)]
 
 
 # Sampling settings every kernel test checks (CPU interpreter and GPU alike).
