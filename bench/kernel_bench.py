@@ -30,6 +30,7 @@ from engine.kernels import (
     sample,
     selftest,
 )
+from engine.kernels._util import sm_count
 
 ROWS = (1, 4, 8, 16)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -64,15 +65,21 @@ def graph_time_us(fn, inner=50, reps=20) -> float:
 L2_BYTES = 256 << 20  # weights rotate through more memory than any L2, so matmul timings are HBM-bound
 
 
-def linear_case(dt, dev, m, n, k, prologue, residual, bias, **launch):
-    """(kernel fn, reference fn) for one decode matmul; each call reads the next of several weight copies."""
-    copies = max(2, L2_BYTES // (n * k * 2))
-    ws = [torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5 for _ in range(copies)]
+def linear_inputs(dt, dev, m, n, k, prologue, residual, bias):
+    """The input rows of one decode matmul and its keyword arguments (unit norm weight, zero bias and residual)."""
     x = torch.randn(m, 1, 2 * k if prologue == "silu_mul" else k, device=dev, dtype=dt)
     args = {"prologue": prologue,
             "norm_weight": torch.ones(k, device=dev, dtype=dt) if prologue == "rms_norm" else None,
             "bias": torch.zeros(n, device=dev, dtype=dt) if bias else None,
             "residual": torch.zeros(m, 1, n, device=dev, dtype=dt) if residual else None}
+    return x, args
+
+
+def linear_case(dt, dev, m, n, k, prologue, residual, bias, **launch):
+    """(kernel fn, reference fn) for one decode matmul; each call reads the next of several weight copies."""
+    copies = max(2, L2_BYTES // (n * k * 2))
+    ws = [torch.randn(n, k, device=dev, dtype=dt) / k ** 0.5 for _ in range(copies)]
+    x, args = linear_inputs(dt, dev, m, n, k, prologue, residual, bias)
     turn = [0]
 
     def weight():
@@ -157,12 +164,8 @@ def _precompile(tasks):
 
 def _launch_once(m, n, k, prologue, residual, bias, config, target, dt):
     """One small launch of the kernel (it compiles on the first)."""
-    x = torch.randn(m, 1, 2 * k if prologue == "silu_mul" else k, device="cuda", dtype=dt)
-    w = torch.randn(n, k, device="cuda", dtype=dt)
-    linear.linear(x, w, prologue=prologue, norm_weight=torch.ones(k, device="cuda", dtype=dt)
-                  if prologue == "rms_norm" else None, bias=torch.zeros(n, device="cuda", dtype=dt) if bias
-                  else None, residual=torch.zeros(m, 1, n, device="cuda", dtype=dt) if residual else None,
-                  config=config, target=target)
+    x, args = linear_inputs(dt, "cuda", m, n, k, prologue, residual, bias)
+    linear.linear(x, torch.randn(n, k, device="cuda", dtype=dt), **args, config=config, target=target)
 
 
 def precompile(dt, row_counts, configs_for, mults, jobs, sms):
@@ -192,7 +195,7 @@ def linear_sweep(dt, dev, reps, row_counts=(1, 16), grid="base", jobs=0):
     """Time every launch configuration at every decode matmul shape."""
     import itertools
 
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = sm_count(dev)
     configs_for, mults = GRIDS[grid]
     if jobs > 1:
         precompile(dt, row_counts, configs_for, mults, jobs, sms)
@@ -240,7 +243,7 @@ def attention_sweep(dt, dev, reps, row_counts=(1, 16), windows=(256, 512, 1024, 
 def attention_point(dt, dev, reps, m, w, nh=16, nkv=8, d=128):
     from engine.kernels import pdl as kpdl
 
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    sms = sm_count(dev)
     copies = max(2, L2_BYTES // (2 * m * nkv * w * d * dt.itemsize))
     caches = [(torch.randn(m, nkv, w, d, device=dev, dtype=dt), torch.randn(m, nkv, w, d, device=dev, dtype=dt))
               for _ in range(copies)]
