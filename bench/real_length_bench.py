@@ -24,16 +24,12 @@ from pathlib import Path
 
 from gpu_bench import _patch_tf5_rope, checkpoint
 from real_length_script import FPS, script
+from timing import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 STEADY_TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
                "and watched the ships pass safely through the storm.")
 SPEAKER = "ryan"
-
-
-def _pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
 
 
 def summarise(rows: list, steady_ms: float, takes: int) -> dict:
@@ -44,9 +40,9 @@ def summarise(rows: list, steady_ms: float, takes: int) -> dict:
     first = [1000 * r["first_s"] for r in rows]
     return {"requests": len(rows), "audio_s": audio, "wall_s": wall, "x_real_time": audio / wall,
             "x_real_time_all_takes": takes * audio / wall, "steady_ms_per_frame": steady_ms,
-            "wall_p50_ms": _pct(walls, 50), "wall_p95_ms": _pct(walls, 95),
-            "first_audio_p50_ms": _pct(first, 50), "first_audio_p95_ms": _pct(first, 95),
-            "overhead_p50_ms": _pct(over, 50), "overhead_p95_ms": _pct(over, 95)}
+            "wall_p50_ms": percentile(walls, 50), "wall_p95_ms": percentile(walls, 95),
+            "first_audio_p50_ms": percentile(first, 50), "first_audio_p95_ms": percentile(first, 95),
+            "overhead_p50_ms": percentile(over, 50), "overhead_p95_ms": percentile(over, 95)}
 
 
 def _steady(run, frames_hi=200, frames_lo=50) -> float:
@@ -118,7 +114,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int) -> d
     for key in ("prefill_ms", "codec_ms"):
         vals = [r[key] for r in rows if key in r]
         if vals:
-            out[f"{key}_p50"], out[f"{key}_p95"] = _pct(vals, 50), _pct(vals, 95)
+            out[f"{key}_p50"], out[f"{key}_p95"] = percentile(vals, 50), percentile(vals, 95)
     return out
 
 

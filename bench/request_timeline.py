@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_bench import checkpoint
 from real_length_script import script
-from timing import cuda_kernels, mean_gpu_ms
+from timing import cuda_kernels, mean_gpu_ms, percentile
 
 SPEAKER = "ryan"
 
@@ -39,7 +39,6 @@ class Probe:
     """Collects host times and CUDA events of the request being run."""
 
     def __init__(self):
-        self.gc_ms = 0.0
         self.variant = "engine"
         self._gc_t = None
         gc.callbacks.append(self._gc)
@@ -59,9 +58,9 @@ class Probe:
         self.chunks = []  # host seconds of each chunk's arrival
         self.gc_ms = 0.0
 
-    def event(self, name, stream=None):
+    def event(self, name):
         e = torch.cuda.Event(enable_timing=True)
-        e.record(stream)
+        e.record()
         self.events[name] = e
 
     def mark(self, name):
@@ -188,11 +187,6 @@ def codec_piece_profile(eng) -> dict:
     return out
 
 
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
-
-
 def run_script(eng, probe, chunk: int, variant: str = "engine") -> list:
     from engine.gpu import codec_overlap
 
@@ -307,7 +301,7 @@ def main():
             r["bubble_ms"] = r["gpu_last_frame_ms"] - r["prefill_ms"] - pure
             r["bubble_per_frame_ms"] = r["bubble_ms"] / r["frames"]
             r["overhead_vs_graph_ms"] = r["wall_ms"] - pure
-        summary = {c: {"p50": pct([r[c] for r in rows], 50), "p95": pct([r[c] for r in rows], 95),
+        summary = {c: {"p50": percentile([r[c] for r in rows], 50), "p95": percentile([r[c] for r in rows], 95),
                        "max": max(r[c] for r in rows)} for c in COLS}
         print(f"--- variant/progress_every {chunk}")
         for c in COLS:

@@ -1,10 +1,16 @@
-"""Shared by the benches: the best of several timed runs, GPU time of a call, the kernels of a call."""
+"""Shared by the benches: the best of several timed runs, percentiles, GPU time of a call, the kernels of a call."""
 from __future__ import annotations
 
 
 def best_of(run, n: int = 3, key=None):
     """Call run(rep) for rep in 0..n-1 and return the result that is smallest by `key` (the first on ties)."""
     return min((run(rep) for rep in range(n)), key=key)
+
+
+def percentile(xs, q):
+    """The q-th percentile of xs: the sorted value at the nearest rank (no interpolation)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
 
 
 def mean_gpu_ms(fn, repeats: int = 20) -> float:
