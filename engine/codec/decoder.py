@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidInputError
-from ..model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
+from ..model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, sdpa
 from .config import DecoderConfig
 
 
@@ -281,7 +281,7 @@ class SlidingAttention(nn.Module):
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
+        out = sdpa(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 

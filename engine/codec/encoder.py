@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from ..config import require
 from ..errors import CheckpointError, InvalidInputError
-from ..model.layers import apply_rope
+from ..model.layers import apply_rope, sdpa
 
 WHERE = "speech_tokenizer/config.json → encoder_config"
 
@@ -232,7 +232,7 @@ class _Attention(nn.Module):
             rep = self.heads // self.kv_heads
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
+        y = sdpa(q, k, v, is_causal=t > 1)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..kernels import Kernels
 from ..kernels._util import ContractError
 from ..kernels.predictor_pass import NotResidentError, PredictorPass
-from ..model.layers import DecoderLayer, DecoderStack
+from ..model.layers import DecoderLayer, DecoderStack, sdpa
 
 NO_KERNELS = Kernels()  # every op runs as its torch reference
 log = logging.getLogger(__name__)
@@ -71,9 +71,8 @@ class FusedLayer:
         qkv = F.linear(ks.rms_norm(x, lay.input_layernorm.weight, self.eps), self.qkv)
         q = ks.qk_norm_rope_kv_prefill(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache,
                                        self.nh, self.nkv)
-        out = F.scaled_dot_product_attention(q.view(1, t, self.nh, self.d).transpose(1, 2), k_cache[:, :, :t],
-                                             v_cache[:, :, :t], is_causal=t > 1, scale=self.scale,
-                                             enable_gqa=self.nh != self.nkv)
+        out = sdpa(q.view(1, t, self.nh, self.d).transpose(1, 2), k_cache[:, :, :t], v_cache[:, :, :t],
+                   is_causal=t > 1, scale=self.scale, enable_gqa=self.nh != self.nkv)
         x = torch.addmm(x, out.transpose(1, 2).reshape(t, self.nh * self.d), lay.self_attn.o_proj.weight.t())
         gu = F.linear(ks.rms_norm(x, lay.post_attention_layernorm.weight, self.eps), self.gate_up)
         inter = gu.shape[-1] // 2

@@ -15,9 +15,11 @@ on any class. Apply it before capturing graphs: a graph records whichever path r
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+import threading
 
 from ..errors import Qwen3TTSError
 
@@ -138,7 +140,28 @@ def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
     opted = OPTIONAL if os.environ.get(PERSISTENT_PREDICTOR_ENV, "0") == "1" else ()
     pdl, pdl_why = _pdl_choice(device)
     ks = Kernels(NAMES + opted, pdl=pdl)
+    if not interpreting():
+        _prehash_triton()
     return ks, f"triton kernels on ({why}): {', '.join(ks.active)}; {pdl_why}"
+
+
+def _prehash_triton() -> None:
+    """Start Triton's one-time cache key on a thread now, so it overlaps the weights' loading.
+
+    The first kernel a process compiles or loads from the cache waits for Triton to hash its own
+    ~500 MB library (0.34 s of an H100 machine's load; bench/results/load_profile_0.6b_h100.json).
+    hashlib releases the GIL, so the thread runs beside the loader. The result is cached by Triton; if
+    the first kernel comes before the thread is done, Triton computes it again, as it would have anyway."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return
+
+    def run():
+        with contextlib.suppress(Exception):  # only a head start: the first kernel computes (and reports) it
+            triton_key()
+
+    threading.Thread(target=run, name="triton-cache-key", daemon=True).start()
 
 
 def _pdl_choice(device) -> tuple[bool, str]:

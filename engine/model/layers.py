@@ -35,6 +35,23 @@ def embedding(num: int, dim: int) -> nn.Embedding:
     return nn.Embedding(num, dim)
 
 
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """F.scaled_dot_product_attention with cuDNN's backend switched off for this call (CUDA inputs).
+
+    On an H100 torch prefers cuDNN attention for bf16, and cuDNN builds an execution plan for every new
+    shape: about 0.5 s for the first one in a process, then 40-60 ms each. A load meets a dozen new shapes
+    (the codec pieces, the prefill buckets), for no speed at these sizes over flash or memory-efficient
+    attention, which start at once (bench/results/codec_first_run_h100.json). The switch is put back after
+    the call, so nothing else in the process (other ComfyUI nodes) is affected."""
+    if not q.is_cuda or not torch.backends.cuda.cudnn_sdp_enabled():
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -145,7 +162,7 @@ class Attention(nn.Module):
         gqa = self.num_heads != self.num_kv_heads
         if start == 0:
             # Fresh prefill: attend over this chunk's own K/V (a plain causal mask).
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=length > 1, scale=self.scale, enable_gqa=gqa)
+            out = sdpa(q, k, v, is_causal=length > 1, scale=self.scale, enable_gqa=gqa)
         else:
             keys, values = k_cache[:, :, :end], v_cache[:, :, :end]
             mask = None
@@ -153,7 +170,7 @@ class Attention(nn.Module):
                 rows = torch.arange(start, end, device=q.device)[:, None]
                 cols = torch.arange(end, device=q.device)[None, :]
                 mask = cols <= rows
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+            out = sdpa(q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
         return out
 
 
