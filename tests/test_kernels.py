@@ -185,6 +185,20 @@ def test_attention_split_is_deterministic_and_rearms():
     torch.testing.assert_close(first, ka.reference(q, kc, vc, bias, 0.2), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b, per_row", [(1, False), (3, True)])
+def test_rope_attention_predictor_window(dtype, b, per_row):
+    st.check_rope_attention(DEV, dtype, b, seq=16, window=16, pos=9, seed=b, per_row=per_row)
+
+
+@pytest.mark.parametrize("pos, chunk", [(5, 16), (40, 16), (63, 32), (70, 16), (30, 64)])
+def test_rope_attention_split_owner_writes(pos, chunk):
+    """The split holding pos writes the token's k / v (70: past the window, the last split does)."""
+    launch = st.check_rope_attention(DEV, torch.float32, 2, **SMALL_HEADS, seq=80, window=64, pos=pos,
+                                     per_row=True, chunk=chunk)
+    assert launch["splits"] == 64 // chunk
+
+
 def test_attention_plan():
     from engine.kernels import attention as ka
 
@@ -330,15 +344,16 @@ def test_sample_distribution_chi_square():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_layer_step_matches_fused_layer(dtype):
+@pytest.mark.parametrize("rows", [2, 4])  # 4: q/k norm + RoPE fused into the attention (FUSE_MIN_ROWS)
+def test_layer_step_matches_fused_layer(dtype, rows):
     """FusedLayer.step with every kernel on == the same step with every op as its torch reference
     (a small random layer, 3 tokens)."""
     fs = st.predictor_stack(DEV, dtype, layers=1, rope_theta=10000.0, std=0.08)
     fl = fs.layers[0]
     ks = kernels.Kernels(kernels.NAMES)
-    caches = [torch.zeros(2, 2, 8, 32, dtype=dtype) for _ in range(4)]
+    caches = [torch.zeros(rows, 2, 8, 32, dtype=dtype) for _ in range(4)]
     for t in range(3):
-        x = torch.randn(2, 1, 128, generator=torch.Generator().manual_seed(t)).to(dtype)
+        x = torch.randn(rows, 1, 128, generator=torch.Generator().manual_seed(t)).to(dtype)
         pos = torch.tensor([t])
         cos, sin = fs.rope(pos, dtype)
         bias = torch.where(torch.arange(8) <= t, 0.0, float("-inf")).to(dtype)

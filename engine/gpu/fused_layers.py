@@ -56,9 +56,8 @@ class FusedLayer:
         """x [B, 1, H] at position pos ([1] long); attends over the first len(bias) cache positions."""
         lay, b = self.layer, x.shape[0]
         qkv = ks.linear(x, self.qkv, prologue="rms_norm", norm_weight=lay.input_layernorm.weight, eps=self.eps)
-        q = ks.qk_norm_rope_kv(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos,
-                               self.nh, self.nkv)
-        out = ks.attention(q, k_cache, v_cache, bias, self.scale).reshape(b, 1, self.nh * self.d)
+        out = ks.rope_attention(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos, bias,
+                                self.scale, self.nh, self.nkv).reshape(b, 1, self.nh * self.d)
         x = ks.linear(out, lay.self_attn.o_proj.weight, residual=x)
         gu = ks.linear(x, self.gate_up, prologue="rms_norm", norm_weight=lay.post_attention_layernorm.weight,
                        eps=self.eps)

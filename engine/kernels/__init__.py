@@ -23,7 +23,9 @@ import threading
 
 from ..errors import Qwen3TTSError
 
-NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "sample", "snake")
+# rope_attention: qk_norm_rope_kv and attention in one launch (attention.rope_attention); without it the
+# decode step runs them as two (each by its own switch).
+NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "rope_attention", "sample", "snake")
 # Opt-in kernels: known to Kernels, but "auto"/"on" pick them only when PERSISTENT_PREDICTOR_ENV is "1".
 OPTIONAL = ("predictor_pass",)  # the whole code-predictor pass as one persistent launch (predictor_pass.py)
 PERSISTENT_PREDICTOR_ENV = "QWEN3TTS_PREDICTOR_PASS"
@@ -113,6 +115,15 @@ class Kernels:
 
     def attention(self, q, k_cache, v_cache, bias, scale):
         return self._run("attention", "attention", "reference", q, k_cache, v_cache, bias, scale)
+
+    def rope_attention(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv):
+        """qk_norm_rope_kv then attention -> [B, nkv, g, D]: one Triton launch when "rope_attention" is
+        active and there are at least attention.FUSE_MIN_ROWS rows (fewer run faster as two), else the two ops."""
+        if "rope_attention" in self.active and qkv.shape[0] >= _module("attention").FUSE_MIN_ROWS:
+            return _module("attention").rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache,
+                                                       pos, bias, scale, nh, nkv, pdl=self.pdl)
+        q = self.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
+        return self.attention(q, k_cache, v_cache, bias, scale)
 
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         return self._run("sample", "sample", "reference", logits, do_sample, temperature, k_index, top_p, **kw)

@@ -26,10 +26,12 @@ import functools
 import torch
 
 from . import interpreting
+from . import qk_norm_rope_kv as kq
 from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
 
-triton = tl = _pdl_enter = None  # bound on first use by _kernel()
+# Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
+triton = tl = _pdl_enter = _rope_q_kv = None
 
 # Split-KV launch plan. Windows below SPLIT_MIN_WINDOW run one program per (row, kv head). Longer ones
 # are cut into chunks (multiples of BLOCK_N, at least MIN_CHUNK positions) so that B * nkv * splits is
@@ -42,7 +44,17 @@ triton = tl = _pdl_enter = None  # bound on first use by _kernel()
 # against 15.3 / 20.2 / 33.6 / 54.7. FMA products at 8 warps were 1.5-4x slower than that (B = 16, W 256:
 # 37 us), at 4 warps they need 241 registers a thread.
 SPLIT_MIN_WINDOW = 128
-CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 2, "USE_DOT": True}
+# rope_attention (q/k norm + RoPE + cache write fused in front of the attention) pays from this many rows
+# up. bench/results/layer_step_h100.json (H100, bf16, 0.6B layer steps in a graph, PDL on), us a layer step,
+# two launches -> fused: 1 row 25.7 -> 26.1 (window 16), 27.8 -> 30.6 (256), 30.9 -> 33.0 (768); 4 rows
+# 34.3 -> 34.3, 38.8 -> 37.8, 42.7 -> 42.1; 16 rows 35.7 -> 34.9, 45.1 -> 43.8, 57.2 -> 56.2. At one row
+# the program that writes k / v must finish that before its window loads start (and a split program
+# normalises its query heads padded to 16 rows), which costs more than the launch it saves.
+FUSE_MIN_ROWS = 4
+CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 2, "USE_DOT": True,
+          "ONE_WARPS": 4, "FUSED_ONE_WARPS": 2}  # warps of the one-program path (short windows), without / with
+# rope_attention's fused prologue (2: 34.4 against 34.9 us a layer step at 16 rows, 34.0 against 34.4 at 4;
+# bench/results/layer_step_h100.json)
 COMBINE_BLOCK = 16  # splits combined per step by the last program
 
 
@@ -57,15 +69,22 @@ def reference(q, k_cache, v_cache, bias, scale):
     return torch.matmul(probs, v_cache[:, :, :window])
 
 
+def rope_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv):
+    """The two ops `rope_attention` fuses: qk_norm_rope_kv.reference (writes the caches at pos), then
+    `reference` over the window -> [B, nkv, g, D]."""
+    q = kq.reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
+    return reference(q, k_cache, v_cache, bias, scale)
+
+
 def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None, config=None,
-         block_n: int = 16) -> dict:
+         block_n: int = 16, fused: bool = False) -> dict:
     """Launch parameters (pure Python, testable without a GPU).
 
     chunk: positions per split program; None lets the plan choose (one program per (row, kv head) below
     SPLIT_MIN_WINDOW), a chunk >= window forces one program. `config` overrides CONFIG entries;
-    `block_n` is the block of the one-program path."""
+    `block_n` is the block of the one-program path; `fused`: rope_attention's launch."""
     cfg = {**CONFIG, **(config or {})}
-    one = {"splits": 1, "chunk": window, "BLOCK_N": block_n, "num_warps": 4}
+    one = {"splits": 1, "chunk": window, "BLOCK_N": block_n, "num_warps": cfg["FUSED_ONE_WARPS" if fused else "ONE_WARPS"]}
     if chunk is None:
         if window < SPLIT_MIN_WINDOW:
             return one
@@ -87,26 +106,39 @@ def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None
 
 @functools.cache
 def _kernel():
-    global triton, tl, _pdl_enter
+    global triton, tl, _pdl_enter, _rope_q_kv
     import triton
     import triton.language as tl
 
     from .pdl import enter
     _pdl_enter = enter()
+    kq._kernel()
+    _rope_q_kv = kq._rope_q_kv
 
+    # ROPE: q_ptr is the qkv projection, not q. Each program first makes its query heads from it (q/k norm
+    # and RoPE), and the program that owns position pos writes that token's k and v into the caches
+    # (_rope_q_kv): qk_norm_rope_kv's work, without its launch. rope_args: qk-norm weight, cos, sin, pos
+    # pointers, pos and cos row strides (0: shared by all rows), eps.
     @triton.jit
     def attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, stride_qb, skb, skh, sks, svb, svh, svs,
-                         stride_ob, stride_bias, W, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                         BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+                         stride_ob, stride_bias, W, scale, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, stride_pos,
+                         stride_cos, eps, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                         BLOCK_N: tl.constexpr, ROPE: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
+                         EMULATE_RNE: tl.constexpr, PDL: tl.constexpr):
         _pdl_enter(PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
-        dt = q_ptr.dtype.element_ty
+        dt = out_ptr.dtype.element_ty
         gi = tl.arange(0, GP)
         di = tl.arange(0, D)
         gmask = gi < G
-        q = tl.load(q_ptr + b * stride_qb + (h * G + gi[:, None]) * D + di[None, :], mask=gmask[:, None],
-                    other=0.0).to(tl.float32)
+        if ROPE:
+            pos = tl.load(pos_ptr + b * stride_pos)
+            q = _rope_q_kv(q_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, True, stride_qb, stride_cos,
+                           skb, skh, sks, svb, svh, svs, eps, G, GP, NH, NKV, D, dt, EMULATE_RNE).to(tl.float32)
+        else:
+            q = tl.load(q_ptr + b * stride_qb + (h * G + gi[:, None]) * D + di[None, :], mask=gmask[:, None],
+                        other=0.0).to(tl.float32)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
@@ -135,8 +167,10 @@ def _kernel():
     @triton.jit
     def split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, acc_ptr, ml_ptr, count_ptr,
                      stride_qb, skb, skh, sks, svb, svh, svs, stride_ob, stride_bias, W, chunk, scale,
+                     qkn_ptr, cos_ptr, sin_ptr, pos_ptr, stride_pos, stride_cos, eps,
                      G: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                      SP: tl.constexpr, SB: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+                     ROPE: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, EMULATE_RNE: tl.constexpr,
                      PDL: tl.constexpr):
         _pdl_enter(PDL)  # q, caches, bias, workspace and counters are all read after the wait
         b = tl.program_id(0)
@@ -144,19 +178,25 @@ def _kernel():
         sp = tl.program_id(2)
         nkv = tl.num_programs(1)
         splits = tl.num_programs(2)
-        dt = q_ptr.dtype.element_ty
+        dt = out_ptr.dtype.element_ty
         gi = tl.arange(0, R)  # query heads of this kv head, padded to R rows
         di = tl.arange(0, D)
         gmask = gi < G
-        q = tl.load(q_ptr + b * stride_qb + (h * G + gi[:, None]) * D + di[None, :], mask=gmask[:, None],
-                    other=0.0)
+        lo = sp * chunk
+        hi = tl.minimum(lo + chunk, W)
+        if ROPE:  # the split holding pos writes the token's k / v (the last one if pos is past the window)
+            pos = tl.load(pos_ptr + b * stride_pos)
+            owner = (pos >= lo) & ((pos < hi) | (sp == splits - 1))
+            q = _rope_q_kv(q_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, owner, stride_qb, stride_cos,
+                           skb, skh, sks, svb, svh, svs, eps, G, R, NH, NKV, D, dt, EMULATE_RNE)
+        else:
+            q = tl.load(q_ptr + b * stride_qb + (h * G + gi[:, None]) * D + di[None, :], mask=gmask[:, None],
+                        other=0.0)
         m_i = tl.full([R], float("-inf"), tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, D], tl.float32)
         k_base = k_ptr + b * skb + h * skh
         v_base = v_ptr + b * svb + h * svh
-        lo = sp * chunk
-        hi = tl.minimum(lo + chunk, W)
         for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             bias = tl.load(bias_ptr + b * stride_bias + n, mask=n < hi, other=float("-inf")).to(tl.float32)
@@ -238,21 +278,44 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
     """Same contract as reference: returns [B, nkv, g, D] (contiguous, so .view(B, nh * D) is free).
 
     chunk / config: see `plan` (None: the plan's choice for this device)."""
-    b, nh, d = q.shape
-    nkv = k_cache.shape[1]
+    d = q.shape[2]
+    q = q if q.stride(-1) == 1 and q.stride(1) == d else q.contiguous()
+    return _launch(q, q.shape[1], k_cache, v_cache, bias, scale, None, block_n, pdl, chunk, config)
+
+
+def rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
+                   block_n: int = 16, pdl: bool = False, chunk: int | None = None, config=None):
+    """qk_norm_rope_kv then attention in one launch; same arguments and results as `rope_reference`
+    (qkv [B, (nh + 2 nkv) * D] or [B, 1, ...], pos one position or one per row, cos / sin to match)."""
+    b = qkv.shape[0]
+    qkv2, cos, sin_signed, d = kq._inputs(qkv, qk_norm_weight, cos, sin_signed, k_cache, v_cache, nh, nkv)
+    per_row = b > 1 and pos.numel() == b
+    require(cos.shape[0] == (b if per_row else 1) == sin_signed.shape[0], "one RoPE row per batch row, or one for all")
+    require(nkv == k_cache.shape[1], "the caches hold nkv heads")
+    rope = (qk_norm_weight, cos, sin_signed, pos, 1 if per_row else 0, d if per_row else 0, float(eps))
+    return _launch(qkv2, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config)
+
+
+def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config):
+    """q: [B, nh, D] rows (rope None), or qkv rows [B, (nh + 2 nkv) * D] with rope's tensors and strides."""
+    b = q.shape[0]
+    nkv, d = k_cache.shape[1], k_cache.shape[-1]
     g = nh // nkv
     window = bias.shape[-1]
-    q = q if q.stride(-1) == 1 and q.stride(1) == d else q.contiguous()
     require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and bias.is_contiguous(), "contiguous caches and bias")
     per_row = bias.dim() > 1 and bias.shape[0] == b > 1
     out = torch.empty(b, nkv, g, d, dtype=q.dtype, device=q.device)
-    p = plan(b, nkv, window, sm_count(q.device), chunk, config, block_n)
+    p = plan(b, nkv, window, sm_count(q.device), chunk, config, block_n, fused=rope is not None)
     single, split = _kernel()
     args = (q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), window if per_row else 0,
             window)
+    rope_args = rope if rope is not None else (q, q, q, q, 0, 0, 0.0)
+    flags = {"ROPE": rope is not None, "NH": nh, "NKV": nkv,
+             "EMULATE_RNE": q.dtype == torch.bfloat16 and interpreting()}
     if p["splits"] == 1:
-        single[(b, nkv)](q, k_cache, v_cache, bias, out, *args, float(scale), G=g, GP=max(next_pow2(g), 1), D=d,
-                         BLOCK_N=p["BLOCK_N"], num_warps=4, **launch_options(pdl))
+        single[(b, nkv)](q, k_cache, v_cache, bias, out, *args, float(scale), *rope_args, G=g,
+                         GP=max(next_pow2(g), 1), D=d, BLOCK_N=p["BLOCK_N"], **flags, num_warps=p["num_warps"],
+                         **launch_options(pdl))
         return out
     gp = next_pow2(g)
     dot = p["USE_DOT"] and d >= 16  # tensor-core products need 16+ wide heads (the tiny test checkpoints: 8)
@@ -262,8 +325,8 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
     counters = _counters(q.device)
     require(b * nkv <= counters.numel(), "split-kv counters for every (row, kv head)")
     split[(b, nkv, p["splits"])](
-        q, k_cache, v_cache, bias, out, part, ml, counters, *args, p["chunk"], float(scale),
+        q, k_cache, v_cache, bias, out, part, ml, counters, *args, p["chunk"], float(scale), *rope_args,
         G=g, GP=gp, R=max(16, gp) if dot else gp, D=d, BLOCK_N=p["BLOCK_N"], SP=p["SP"], SB=p["SB"], USE_DOT=dot,
-        IEEE=q.dtype == torch.float32 or interpreting(), num_warps=p["num_warps"], num_stages=p["num_stages"],
-        **launch_options(pdl))
+        IEEE=q.dtype == torch.float32 or interpreting(), **flags, num_warps=p["num_warps"],
+        num_stages=p["num_stages"], **launch_options(pdl))
     return out

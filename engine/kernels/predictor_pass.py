@@ -45,7 +45,7 @@ from . import interpreting
 from ._util import next_pow2, require, sm_count
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _round = _rms_apply = _mma = _sync = _prefetch = _gemv = _norm_rope = _attend = None
+triton = tl = _round = _rms_apply = _mma = _sync = _prefetch = _gemv = _heads_norm_rope = _attend = None
 
 ENTRIES = 9  # per layer in the address table: qkv, o, gate_up, down, in_norm, post_norm, qk_norm, k, v
 MAX_ROWS = 16
@@ -67,14 +67,17 @@ def reference(stack, x, cache, pos, bias, rope, head_weight, fill_only=False):
 
 @functools.cache
 def _kernel():
-    global triton, tl, _round, _rms_apply, _mma, _sync, _prefetch, _gemv, _norm_rope, _attend
+    global triton, tl, _round, _rms_apply, _mma, _sync, _prefetch, _gemv, _heads_norm_rope, _attend
     import triton
     import triton.language as tl
 
     from . import linear as kl
+    from . import qk_norm_rope_kv as kq
 
     kl._kernel()  # binds the shared helpers below (same rounding and matmul as the per-layer kernel)
+    kq._kernel()
     _round, _rms_apply, _mma = kl._round, kl._rms_apply, kl._mma
+    _heads_norm_rope = kq._heads_norm_rope
 
     @triton.jit
     def _sync(bar_ptr, target):
@@ -145,21 +148,6 @@ def _kernel():
             tl.store(y_ptr + rm[:, None] * sy + rn[None, :], _round(acc, dt, EMULATE_RNE), mask=out_ok)
 
     @triton.jit
-    def _norm_rope(row_ptr, w_ptr, heads, ok, cols, rot, c, s, eps, D: tl.constexpr, dt: tl.constexpr,
-                   EMULATE_RNE: tl.constexpr):
-        """RMSNorm over each head [R, D] then RoPE, rounding as qk_norm_rope_kv.py."""
-        src = row_ptr + heads[:, None] * D
-        x = tl.load(src + cols[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-        xr = tl.load(src + rot[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-        rinv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
-        w = tl.load(w_ptr + heads[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-        wr = tl.load(w_ptr + heads[:, None] * D + rot[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-        y = _round(_round(x * rinv[:, None], dt, EMULATE_RNE).to(tl.float32) * w, dt, EMULATE_RNE).to(tl.float32)
-        yr = _round(_round(xr * rinv[:, None], dt, EMULATE_RNE).to(tl.float32) * wr, dt, EMULATE_RNE)
-        return _round(_round(y * c[None, :], dt, EMULATE_RNE).to(tl.float32) + yr.to(tl.float32) * s[None, :],
-                      dt, EMULATE_RNE)
-
-    @triton.jit
     def _attend(qkv_ptr, att_ptr, kc_ptr, vc_ptr, qkn_ptr, cos_ptr, sin_ptr, bias_ptr, pos, M, eps, scale,
                 pid, grid, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
                 GP: tl.constexpr, EMULATE_RNE: tl.constexpr):
@@ -182,13 +170,13 @@ def _kernel():
             cache = b * (NKV * S * D) + h * (S * D)
             kh = NH + h + gi
             first = gi < 1
-            k = _norm_rope(row, qkn_ptr, kh, first, cols, rot, c, s, eps, D, dt, EMULATE_RNE)
+            k = _heads_norm_rope(row, qkn_ptr, kh, first, cols, rot, c, s, eps, D, dt, EMULATE_RNE)
             tl.store(kc_ptr + cache + pos * D + gi[:, None] * 0 + cols[None, :], k, mask=first[:, None])
             v = tl.load(row + (kh + NKV)[:, None] * D + cols[None, :], mask=first[:, None], cache_modifier=".cg")
             tl.store(vc_ptr + cache + pos * D + gi[:, None] * 0 + cols[None, :], v, mask=first[:, None])
             qh = h * GQ + gi
             q_ok = gi < GQ
-            q = _norm_rope(row, qkn_ptr, qh, q_ok, cols, rot, c, s, eps, D, dt, EMULATE_RNE).to(tl.float32)
+            q = _heads_norm_rope(row, qkn_ptr, qh, q_ok, cols, rot, c, s, eps, D, dt, EMULATE_RNE).to(tl.float32)
             tl.debug_barrier()  # this program's cache writes are visible to all its threads
             kk = tl.load(kc_ptr + cache + n[:, None] * D + cols[None, :], cache_modifier=".cg").to(tl.float32)
             sc = _round(tl.sum(q[:, None, :] * kk[None, :, :], axis=2), dt, EMULATE_RNE).to(tl.float32)

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from ._util import require
 from .pdl import launch_options
 
-triton = tl = _pdl_enter = None  # bound on first use by _kernel()
+# Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
+triton = tl = _pdl_enter = _round = _heads_norm_rope = _rope_q_kv = None
 
 
 def _norm_rope(qkv, qk_norm_weight, cos, sin_signed, eps, d, nh, nkv):
@@ -63,12 +64,56 @@ def prefill_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cach
 
 @functools.cache
 def _kernel():
-    global triton, tl, _pdl_enter
+    global triton, tl, _pdl_enter, _round, _heads_norm_rope, _rope_q_kv
     import triton
     import triton.language as tl
 
+    from . import linear as kl
     from .pdl import enter
     _pdl_enter = enter()
+    kl._kernel()
+    _round = kl._round
+
+    @triton.jit
+    def _heads_norm_rope(row_ptr, w_ptr, heads, ok, cols, rot, c, s, eps, D: tl.constexpr, dt: tl.constexpr,
+                         EMULATE_RNE: tl.constexpr):
+        """RMSNorm over each head [R, D] then RoPE, rounding as qk_norm_rope_kv.py."""
+        src = row_ptr + heads[:, None] * D
+        x = tl.load(src + cols[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        xr = tl.load(src + rot[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+        rinv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+        w = tl.load(w_ptr + heads[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        wr = tl.load(w_ptr + heads[:, None] * D + rot[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        y = _round(_round(x * rinv[:, None], dt, EMULATE_RNE).to(tl.float32) * w, dt, EMULATE_RNE).to(tl.float32)
+        yr = _round(_round(xr * rinv[:, None], dt, EMULATE_RNE).to(tl.float32) * wr, dt, EMULATE_RNE)
+        return _round(_round(y * c[None, :], dt, EMULATE_RNE).to(tl.float32) + yr.to(tl.float32) * s[None, :],
+                      dt, EMULATE_RNE)
+
+
+    @triton.jit
+    def _rope_q_kv(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, write_kv, stride_qkv, stride_cos,
+                   skb, skh, sks, svb, svh, svs, eps, G, R: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
+                   D: tl.constexpr, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """For row b and kv head h of a decode token: if write_kv, its k (normed, rotated) and v into the
+        caches at pos, made visible to the whole program; returns the G query heads of h, normed and
+        rotated, as [R, D] in dt (rows past G are zero). Attention kernels call this instead of reading
+        a q written by qk_norm_rope_kv_kernel: the same values, one launch fewer."""
+        cols = tl.arange(0, D)
+        rot = (cols + D // 2) % D
+        c = tl.load(cos_ptr + b * stride_cos + cols).to(tl.float32)
+        s = tl.load(sin_ptr + b * stride_cos + cols).to(tl.float32)
+        row = qkv_ptr + b * stride_qkv
+        gi = tl.arange(0, R)
+        q = _heads_norm_rope(row, qkn_ptr, h * G + gi, gi < G, cols, rot, c, s, eps, D, dt, EMULATE_RNE)
+        if write_kv:
+            ki = tl.arange(0, 2)
+            one = ki < 1  # a tile of two heads with only the first one live (the smallest 2-D tile)
+            k = _heads_norm_rope(row, qkn_ptr, NH + h + ki, one, cols, rot, c, s, eps, D, dt, EMULATE_RNE)
+            tl.store(k_ptr + b * skb + h * skh + pos * sks + ki[:, None] * 0 + cols[None, :], k, mask=one[:, None])
+            v = tl.load(row + (NH + NKV + h + ki)[:, None] * D + cols[None, :], mask=one[:, None])
+            tl.store(v_ptr + b * svb + h * svh + pos * svs + ki[:, None] * 0 + cols[None, :], v, mask=one[:, None])
+            tl.debug_barrier()  # the program's own cache writes are seen by all its threads
+        return q
 
     @triton.jit
     def qk_norm_rope_kv_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr,

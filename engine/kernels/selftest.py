@@ -171,6 +171,36 @@ def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, fi
     return launch
 
 
+def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=16, pos=9, seed=0, per_row=False,
+                         chunk=None, pad=64):
+    """The fused q/k norm + RoPE + cache write + attention against the two reference ops: the output, and
+    both caches after the write. per_row: row i at position pos - i with its own RoPE row and bias row
+    (it sees positions 0..pos - i). chunk: the split plan (attention.plan). Returns the plan that ran."""
+    from . import attention as k
+
+    width = (nh + 2 * nkv) * d
+    qkv = _rand((b, 1, width + pad), dtype, device, seed, 2.0)[..., :width]
+    w = _rand((nh + nkv, d), dtype, device, seed + 1, 0.3, 1.0)
+    positions = [max(0, pos - i) for i in range(b)] if per_row else [pos]
+    tables = [rope_tables(d, x, dtype, device) for x in positions]
+    cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
+    seen = torch.tensor(positions)[:, None] + 1
+    bias = torch.where(torch.arange(window)[None] < seen, 0.0, float("-inf")).to(dtype)
+    bias = (bias[:, None, None] if per_row else bias[0]).contiguous().to(device)
+    caches = [_rand((b, nkv, seq, d), dtype, device, seed + 2 + i) for i in range(2)]
+    mine = [c.clone() for c in caches]
+    p = torch.tensor(positions, device=device)
+    scale = d ** -0.5
+    want = k.rope_reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], p, bias, scale, nh, nkv)
+    got = k.rope_attention(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, bias, scale, nh, nkv, chunk=chunk)
+    launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk)
+    what = f"rope_attention {dtype} B={b} W={window} pos={positions} splits={launch['splits']}"
+    _close(got, want, ATTN_TOL[dtype], what + " out")
+    _close(mine[0], caches[0], ROPE_TOL[dtype], what + " k_cache")
+    _verdict(torch.equal(mine[1], caches[1]), what + " v_cache differs")
+    return launch
+
+
 # ------------------------------------------------------------------------------------------------
 # sampling
 
@@ -292,6 +322,7 @@ def run_all(device="cuda", verbose=True):
             check_qk_norm_rope_kv(device, dt, m)
             for w in (16, 256, 1024):
                 check_attention(device, dt, m, seq=max(64, w), window=w, filled=w - 3, block_n=64)
+                check_rope_attention(device, dt, m, seq=max(64, w), window=w, pos=w - 3 - m, per_row=m > 1)
             for n, k, prologue, residual, bias in LINEAR_SHAPES:
                 check_linear(device, dt, m, n, k, prologue, residual, bias)
         for c, length in SNAKE_SHAPES:

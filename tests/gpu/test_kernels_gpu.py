@@ -127,6 +127,46 @@ def test_attention(dtype, b):
         st.check_attention(DEV, dtype, b, seq=w + 64, window=w, filled=w - 5, seed=b + w, block_n=64)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", ROWS)
+def test_rope_attention(dtype, b):
+    """The fused q/k norm + RoPE + cache write + attention at the predictor's window and the talker's
+    split windows, rows at one shared position and (b > 1) each at its own."""
+    for per_row in (False, True) if b > 1 else (False,):
+        st.check_rope_attention(DEV, dtype, b, seq=16, window=16, pos=9, seed=b, per_row=per_row)
+        for w in (256, 1024, 2048):
+            st.check_rope_attention(DEV, dtype, b, seq=w + 64, window=w, pos=w - 5 - b, seed=b + w,
+                                    per_row=per_row)
+
+
+def test_rope_attention_in_cuda_graph():
+    """pos is read on the device: one captured graph writes k / v wherever pos points at replay, with
+    the window's split programs (256 positions) and the one-program path (16)."""
+    from engine.kernels import attention as ka
+
+    b, nh, nkv, d = 2, 16, 8, 128
+    for window in (16, 256):
+        qkv = torch.randn(b, (nh + 2 * nkv) * d, device=DEV, dtype=torch.bfloat16)
+        w = torch.ones(nh + nkv, d, device=DEV, dtype=torch.bfloat16)
+        cos, sin = st.rope_tables(d, 0, torch.bfloat16, DEV)
+        kc, vc = (torch.zeros(b, nkv, window, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        bias = torch.zeros(window, device=DEV, dtype=torch.bfloat16)
+        pos = torch.tensor([0], device=DEV)
+        ka.rope_attention(qkv, w, cos, sin, 1e-6, kc, vc, pos, bias, d ** -0.5, nh, nkv)  # compile first
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            ka.rope_attention(qkv, w, cos, sin, 1e-6, kc, vc, pos, bias, d ** -0.5, nh, nkv)
+        kc.zero_()
+        vc.zero_()
+        for p in (3, window - 2):
+            pos.fill_(p)
+            g.replay()
+        torch.cuda.synchronize()
+        filled = (vc.abs().sum((0, 1, 3)) > 0).nonzero().flatten().tolist()
+        assert filled == [3, window - 2], (window, filled)
+        assert torch.equal(kc.abs().sum((0, 1, 3)) > 0, vc.abs().sum((0, 1, 3)) > 0)
+
+
 SAMPLE_CASES = st.SAMPLE_CASES
 
 
