@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from gpu_bench import checkpoint
+from timing import gpu_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("default", "no_cudnn_sdp", "efficient_sdp_only", "no_cudnn_conv", "no_snake_kernel")
@@ -116,7 +117,7 @@ def main() -> None:
               + "  ".join(f"{s}:{r[f'piece{s}']['first_ms']:.0f}/{r[f'piece{s}']['second_ms']:.1f}" for s in SIZES),
               flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "h100" if "H100" in gpu else "h200" if "H200" in gpu else "gpu"
+    name = gpu_tag()
     (args.out / f"codec_first_run_{name}.json").write_text(json.dumps({"gpu": gpu, "rows": rows}, indent=2))
     for r in rows[:1]:
         print(json.dumps(r["kernels_32f_ms"], indent=1))

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import torch
+from timing import gpu_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -84,7 +85,7 @@ def main() -> None:
             rows_out.append(row)
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "h100" if "H100" in gpu else "h200" if "H200" in gpu else "gpu"
+    name = gpu_tag()
     (args.out / f"layer_step_{name}.json").write_text(json.dumps({"gpu": gpu, "rows": rows_out}, indent=2))
 
 

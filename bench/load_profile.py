@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from gpu_bench import checkpoint
+from timing import gpu_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,7 +157,7 @@ def main() -> None:
         for kind, (n, warm, total) in by.items():
             print(f"   {kind:32s} {n:3d} captures  warm-up {warm:.3f} s  total {total:.3f} s")
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "h100" if "H100" in gpu else "h200" if "H200" in gpu else "gpu"
+    name = gpu_tag()
     (args.out / f"load_profile_{args.size}_{name}.json").write_text(json.dumps({"gpu": gpu, "loads": loads}, indent=2))
     print(loads[-1].get("top_tottime", "")[:6000])
     print(loads[-1].get("top_cumulative", "")[:6000])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gpu_bench import _patch_tf5_rope, checkpoint
 from real_length_script import FPS, script
-from timing import percentile
+from timing import gpu_tag, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 STEADY_TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
@@ -226,7 +226,7 @@ def main() -> None:
     import torch
 
     gpu = torch.cuda.get_device_name(0)
-    name = args.name or ("h100" if "H100" in gpu else "h200" if "H200" in gpu else "gpu")
+    name = args.name or gpu_tag()
     meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "sentences": len(script()),
             "audio_s": sum(f for _, _, f in script()) / FPS, "date": time.strftime("%Y-%m-%d"),
             "engine_root": str(args.engine_root)}

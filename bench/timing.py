@@ -1,4 +1,5 @@
-"""Shared by the benches: the best of several timed runs, percentiles, GPU time of a call, the kernels of a call."""
+"""Shared by the benches: the best of several timed runs, percentiles, GPU time of a call, the kernels of a call,
+the GPU's short name for result files."""
 from __future__ import annotations
 
 
@@ -48,3 +49,11 @@ def cuda_kernels(fn, width: int = 90) -> list:
             g[1] += e.device_time_total
     rows = [{"kernel": k, "count": c, "us": round(us, 1)} for k, (c, us) in groups.items()]
     return sorted(rows, key=lambda r: -r["us"])
+
+
+def gpu_tag() -> str:
+    """"h100", "h200" or "gpu": the suffix of a bench's result files."""
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    return "h100" if "H100" in name else "h200" if "H200" in name else "gpu"
