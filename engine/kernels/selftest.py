@@ -172,10 +172,10 @@ def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, fi
 
 
 def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=16, pos=9, seed=0, per_row=False,
-                         chunk=None, pad=64):
+                         chunk=None, pad=64, config=None):
     """The fused q/k norm + RoPE + cache write + attention against the two reference ops: the output, and
     both caches after the write. per_row: row i at position pos - i with its own RoPE row and bias row
-    (it sees positions 0..pos - i). chunk: the split plan (attention.plan). Returns the plan that ran."""
+    (it sees positions 0..pos - i). chunk / config: the launch plan (attention.plan). Returns the plan that ran."""
     from . import attention as k
 
     width = (nh + 2 * nkv) * d
@@ -192,8 +192,9 @@ def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=1
     p = torch.tensor(positions, device=device)
     scale = d ** -0.5
     want = k.rope_reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], p, bias, scale, nh, nkv)
-    got = k.rope_attention(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, bias, scale, nh, nkv, chunk=chunk)
-    launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk)
+    got = k.rope_attention(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, bias, scale, nh, nkv, chunk=chunk,
+                           config=config)
+    launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk, config, fused=True)
     what = f"rope_attention {dtype} B={b} W={window} pos={positions} splits={launch['splits']}"
     _close(got, want, ATTN_TOL[dtype], what + " out")
     _close(mine[0], caches[0], ROPE_TOL[dtype], what + " k_cache")
