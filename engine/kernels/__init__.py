@@ -119,9 +119,10 @@ class Kernels:
     def rope_attention(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv):
         """qk_norm_rope_kv then attention -> [B, nkv, g, D]: one Triton launch when "rope_attention" is
         active and there are at least attention.FUSE_MIN_ROWS rows (fewer run faster as two), else the two ops."""
-        if "rope_attention" in self.active and qkv.shape[0] >= _module("attention").FUSE_MIN_ROWS:
-            return _module("attention").rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache,
-                                                       pos, bias, scale, nh, nkv, pdl=self.pdl)
+        fused = _module("attention")
+        if "rope_attention" in self.active and qkv.shape[0] >= fused.FUSE_MIN_ROWS:
+            return fused.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
+                                        nh, nkv, pdl=self.pdl)
         q = self.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
         return self.attention(q, k_cache, v_cache, bias, scale)
 

@@ -105,20 +105,26 @@ def rope_tables(d, pos, dtype, device, base=1_000_000.0):
     return cos[None].to(device), torch.cat((-sin[:half], sin[half:]))[None].to(device)
 
 
+def _decode_token_case(device, dtype, b, nh, nkv, d, seq, positions, pad, seed):
+    """One decode token's inputs: qkv rows with a larger stride (pad columns after the v heads), q/k norm
+    weights, cos / sin rows of `positions` (one, or one per row), caches filled with noise and a copy of them,
+    and the positions as a device tensor -> (qkv, w, cos, sin, caches, their copy, pos)."""
+    width = (nh + 2 * nkv) * d
+    qkv = _rand((b, 1, width + pad), dtype, device, seed, 2.0)[..., :width]
+    w = _rand((nh + nkv, d), dtype, device, seed + 1, 0.3, 1.0)
+    tables = [rope_tables(d, x, dtype, device) for x in positions]
+    cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
+    caches = [_rand((b, nkv, seq, d), dtype, device, seed + 2 + i) for i in range(2)]
+    return qkv, w, cos, sin, caches, [c.clone() for c in caches], torch.tensor(positions, device=device)
+
+
 def check_qk_norm_rope_kv(device, dtype, b, nh=16, nkv=8, d=128, seq=32, pos=7, pad=64, seed=0, per_row=False):
     """qkv rows with a larger stride (pad columns after the v heads), caches filled with noise. per_row:
     each row at its own position (pos, pos + 3, ...), with its own cos/sin row."""
     from . import qk_norm_rope_kv as k
 
-    width = (nh + 2 * nkv) * d
-    qkv = _rand((b, 1, width + pad), dtype, device, seed, 2.0)[..., :width]
-    w = _rand((nh + nkv, d), dtype, device, seed + 1, 0.3, 1.0)
     positions = [pos + 3 * i for i in range(b)] if per_row else [pos]
-    tables = [rope_tables(d, x, dtype, device) for x in positions]
-    cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
-    caches = [_rand((b, nkv, seq, d), dtype, device, seed + 2 + i) for i in range(2)]
-    mine = [c.clone() for c in caches]
-    p = torch.tensor(positions, device=device)
+    qkv, w, cos, sin, caches, mine, p = _decode_token_case(device, dtype, b, nh, nkv, d, seq, positions, pad, seed)
     want = k.reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], p, nh, nkv)
     got = k.qk_norm_rope_kv(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, nh, nkv)
     what = f"qk_norm_rope_kv {dtype} B={b}{' per-row positions' if per_row else ''}"
@@ -178,18 +184,11 @@ def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=1
     (it sees positions 0..pos - i). chunk / config: the launch plan (attention.plan). Returns the plan that ran."""
     from . import attention as k
 
-    width = (nh + 2 * nkv) * d
-    qkv = _rand((b, 1, width + pad), dtype, device, seed, 2.0)[..., :width]
-    w = _rand((nh + nkv, d), dtype, device, seed + 1, 0.3, 1.0)
     positions = [max(0, pos - i) for i in range(b)] if per_row else [pos]
-    tables = [rope_tables(d, x, dtype, device) for x in positions]
-    cos, sin = torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
+    qkv, w, cos, sin, caches, mine, p = _decode_token_case(device, dtype, b, nh, nkv, d, seq, positions, pad, seed)
     seen = torch.tensor(positions)[:, None] + 1
     bias = torch.where(torch.arange(window)[None] < seen, 0.0, float("-inf")).to(dtype)
     bias = (bias[:, None, None] if per_row else bias[0]).contiguous().to(device)
-    caches = [_rand((b, nkv, seq, d), dtype, device, seed + 2 + i) for i in range(2)]
-    mine = [c.clone() for c in caches]
-    p = torch.tensor(positions, device=device)
     scale = d ** -0.5
     want = k.rope_reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], p, bias, scale, nh, nkv)
     got = k.rope_attention(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, bias, scale, nh, nkv, chunk=chunk,
