@@ -7,13 +7,17 @@ at sorted position k_index (ties kept), probabilities are the softmax over those
 smallest prefix of the descending order whose mass reaches p (the first always kept), and the id is the
 exponential race argmax p_i / -log(u_i).
 
-No sort: the k-th largest value and the top-p cut are found by a bisection over the order-preserving
-integer keys of the float32 values (each step one count / masked sum over the row held in registers; at
-most 32 steps, top-k stops as soon as a candidate keeps exactly k ids), skipped at run time when top-k or
-top-p is disabled, and the whole sampled branch is skipped when do_sample is false. Differences from the
-torch path: only at exact ties of values at the top-p boundary (the kernel keeps every tied id; the sort
-keeps an arbitrary subset) and ulp-level rounding of the probabilities (a different summation order),
-which can flip a race that is tied to ~1e-7 relative.
+No sort: the k-th largest value and the top-p cut are searched over order-preserving integer keys of the
+row held in registers, skipped at run time when top-k or top-p is disabled; the whole sampled branch is
+skipped when do_sample is false. Both are bisections, one row-wide count / masked sum a step. The keys
+are those of x in float32 (32 bits); for bf16 logits without the penalty they are those of the bf16
+logits (16 bits: at most 16 steps where tied logits keep top-k from stopping early). x = logits /
+temperature ranks distinct bf16 values the same way, because float32 division cannot round two values
+2^-8 apart together (unless it overflows or falls below float32's normal range).
+
+Differences from the torch path: only at exact ties of values at the top-p boundary (the kernel keeps
+every tied id; the sort keeps an arbitrary subset) and ulp-level rounding of the probabilities (a
+different summation order), which can flip a race that is tied to ~1e-7 relative.
 
 Optional, folded in the same launch:
   * uniforms from the per-take counter hash (engine.sampling.uniforms(keys, step, slot, V)), bit-exact;
@@ -96,8 +100,8 @@ def _kernel():
         return x ^ (x >> 16)
 
     @triton.jit
-    def _order_key(x):
-        bits = x.to(tl.uint32, bitcast=True)
+    def _order_key(x):  # -0.0 gets +0.0's key: they tie, as float comparison (and the torch path) has it
+        bits = tl.where(x == 0.0, 0.0, x).to(tl.uint32, bitcast=True)
         return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
 
     @triton.jit
@@ -107,7 +111,8 @@ def _kernel():
                       penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, stride_t, min_new_ptr,
                       finished_ptr, emb_ptr, stride_emb, emb_out_ptr, stride_emb_out, E,
                       V, BLOCK: tl.constexpr, HAS_U: tl.constexpr, PENALTY: tl.constexpr, UPDATE: tl.constexpr,
-                      EMBED: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
+                      EMBED: tl.constexpr, BLOCK_E: tl.constexpr, SHORT_KEYS: tl.constexpr,
+                      KEY_BITS: tl.constexpr, PDL: tl.constexpr):
         _pdl_enter(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
@@ -124,18 +129,21 @@ def _kernel():
             eos = tl.load(eos_ptr + cols, mask=valid, other=0) != 0
             lg = tl.where(banned | (eos & early), NEG, lg)
             lg = tl.where(valid, lg, NEG)
-        idx = tl.argmax(lg, axis=0)  # greedy: first maximum
         if tl.load(do_sample_ptr) != 0:
             x = tl.div_rn(lg, tl.load(temp_ptr))
-            key = _order_key(x)
+            if SHORT_KEYS:  # bf16 logits, no penalty: ranking the 16-bit logits ranks x (see the docstring)
+                key = _order_key(lg) >> 16
+            else:
+                key = _order_key(x)
             kidx = tl.load(kidx_ptr)
             # top-k: the largest key K with count(key >= K) >= kidx + 1 is the key at sorted position kidx.
             # Bisection, one bit a step. It stops early once a candidate keeps exactly kidx + 1 ids: then
             # {key >= cand} is already the top-k set, whatever the lower bits (so the same ids are kept);
-            # with distinct logits that is after ~log2(V) + a few steps instead of 32.
+            # with distinct logits that is after ~log2(V) + a few steps. Tied logits at the boundary
+            # (common in bf16) take all KEY_BITS steps.
             kth = tl.full((), 0, tl.uint32)
             if kidx < V - 1:
-                bit = tl.full((), 0x80000000, tl.uint32)
+                bit = tl.full((), 1 << (KEY_BITS - 1), tl.uint32)
                 exact = tl.full((), 0, tl.int32)
                 while (bit != 0) & (exact == 0):
                     cand = kth | bit
@@ -151,8 +159,8 @@ def _kernel():
             top_p = tl.load(top_p_ptr)
             cut = tl.full((), 0, tl.uint32)
             if top_p < 1.0:
-                bit = tl.full((), 0x80000000, tl.uint32)
-                for _ in range(32):
+                bit = tl.full((), 1 << (KEY_BITS - 1), tl.uint32)
+                for _ in range(KEY_BITS):
                     cand = cut | bit
                     mass = tl.sum(tl.where(keep & (key >= cand), p, 0.0), axis=0)
                     cut = tl.where(mass >= top_p, cand, cut)
@@ -168,6 +176,8 @@ def _kernel():
                 u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
             race = tl.where(keep, tl.div_rn(p, -_log(u)), 0.0)
             idx = tl.argmax(race, axis=0)
+        else:
+            idx = tl.argmax(lg, axis=0)  # greedy: first maximum
         tl.store(ids_ptr + row, idx.to(tl.int64))
         if EMBED:  # the chosen id's embedding row, the next step's input (saves a lookup launch)
             for e0 in range(0, E, BLOCK_E):
@@ -182,10 +192,11 @@ def _kernel():
     return sample_kernel
 
 
-# Warps of the one program per row, at every vocabulary. Measured (bench/small_kernels_bench.py, H200, PDL,
-# top-k 50, before the early stop): 2048 ids 48 / 24 / 15.2 / 12.7 / 12.6 us at 1 / 2 / 4 / 8 / 16 warps,
-# 3072 ids 111 / 52 / 25 / 19 / 17.5 us: the bisection's row-wide passes are the cost, so more threads win.
-WARPS = 8
+# Warps of the one program per row, at every vocabulary: the bisection's row-wide passes are the cost, so
+# more threads win. bench/small_kernels_bench.py, H100, PDL, bf16 logits, top-k 50, us a launch at 8 / 16
+# warps with the 16-bit keys: 2048 ids 8.84 / 8.04 (16 rows: 9.37 / 8.62), 3072 ids 14.73 / 12.49; the
+# 32-bit keys before them, 8 warps: 9.50, 13.33, 19.55 (bench/results/sample_h100.md).
+WARPS = 16
 
 
 def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
@@ -227,6 +238,7 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         rows = torch.empty(b, embed.shape[1], dtype=embed.dtype, device=embed.device)
         embedding = (embed, embed.stride(0), rows, rows.stride(0), embed.shape[1])
     block = next_pow2(vocab)
+    short = logits.dtype == torch.bfloat16 and not pen
     _kernel()[(b,)](
         logits, logits.stride(0), u if has_u else dummy, u.stride(0) if has_u else 0, ids,
         u8(do_sample), temperature, k_index, top_p,
@@ -235,5 +247,5 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,
         per_row(t) if pen else 0, min_new if pen else ids, u8(finished) if update else dummy,
         *embedding, vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update), EMBED=embed is not None,
-        BLOCK_E=1024, num_warps=warps or WARPS, **launch_options(pdl))
+        BLOCK_E=1024, SHORT_KEYS=short, KEY_BITS=16 if short else 32, num_warps=warps or WARPS, **launch_options(pdl))
     return ids if rows is None else (ids, rows)

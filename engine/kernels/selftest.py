@@ -206,12 +206,13 @@ def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=1
 
 
 def sampling_case(device, b, vocab, seed, *, do_sample=True, temperature=0.9, top_k=50, top_p=1.0,
-                  scale=3.0, ties=False):
+                  scale=3.0, ties=False, dtype=torch.float32):
     from ..gpu import graph_sampling
 
     logits = torch.randn(b, vocab, generator=_gen(seed)) * scale
     if ties:  # quantised logits: many exact ties (top-k keeps them all; top-p boundary ties may differ)
         logits = (logits * 2).round() / 2
+    logits = logits.to(dtype)
     f32 = {"device": device, "dtype": torch.float32}
     settings = (torch.tensor(do_sample, device=device), torch.tensor(temperature, **f32),
                 torch.tensor(graph_sampling.kth_index(top_k, vocab), device=device), torch.tensor(top_p, **f32))
@@ -353,6 +354,10 @@ SAMPLE_CASES = {
     "k20_p05_t13": {"top_k": 20, "top_p": 0.5, "temperature": 1.3},
     "p095_flat": {"top_k": 0, "top_p": 0.95, "scale": 1.0},
     "ties": {"top_k": 30, "ties": True},
+    # bf16 logits: the heads' output, searched on 16-bit keys; ties at the top-k boundary are common. Not
+    # with top-p: its boundary ties are as common, and there the sort keeps an arbitrary subset.
+    "bf16": {"dtype": torch.bfloat16},
+    "bf16_k20_t13": {"top_k": 20, "temperature": 1.3, "dtype": torch.bfloat16},
 }
 
 
