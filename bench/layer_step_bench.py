@@ -7,7 +7,8 @@ Random layers of the 0.6B shapes (hidden 1024, MLP 3072, 16 heads of 128, 8 kv h
 of 64 steps through 8 layers (as consecutive layers run in a frame), with PDL as the engine launches them.
 Windows 16 (the code predictor) and 256 / 768 (the talker's buckets); rows 1, 4 and 16. Per variant:
 us a layer step, best of 5 replays of the graph. FUSED_ONE_WARPS varies the warps of the one-program attention
-(windows under 128); "splice" is the fused launch with SPLICE_NEW_KV. Writes DIR/layer_step_<gpu>.json.
+(windows under 128). Writes DIR/layer_step_<gpu>.json. (The committed layer_step_h100.json also has
+"fused_splice_us": the new k / v rows spliced in from registers, a variant dropped after this measurement.)
 """
 from __future__ import annotations
 
@@ -82,9 +83,6 @@ def main() -> None:
                 attention.CONFIG["FUSED_ONE_WARPS"] = warps
                 row[f"fused_w{warps}_us"] = time_steps(fs, fused, rows, window)
             attention.CONFIG["FUSED_ONE_WARPS"] = 2
-            attention.CONFIG["SPLICE_NEW_KV"] = True  # the new k / v from registers, no barrier
-            row["fused_splice_us"] = time_steps(fs, fused, rows, window)
-            attention.CONFIG["SPLICE_NEW_KV"] = False
             rows_out.append(row)
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

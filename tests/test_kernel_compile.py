@@ -98,9 +98,7 @@ def test_attention_compiles(compile_only):
     for m in ROWS:
         for w in (16, 256):
             st.check_attention("cpu", BF16, m, seq=max(64, w), window=w, filled=w - 3)
-            for splice in (False, True):
-                st.check_rope_attention("cpu", BF16, m, seq=max(64, w), window=w, pos=w - 3 - m, per_row=m > 1,
-                                        config={"SPLICE_NEW_KV": splice})
+            st.check_rope_attention("cpu", BF16, m, seq=max(64, w), window=w, pos=w - 3 - m, per_row=m > 1)
     assert len(compile_only) >= 6
 
 

@@ -188,19 +188,15 @@ def test_attention_split_is_deterministic_and_rearms():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b, per_row", [(1, False), (3, True)])
 def test_rope_attention_predictor_window(dtype, b, per_row):
-    for splice in (False, True):
-        st.check_rope_attention(DEV, dtype, b, seq=16, window=16, pos=9, seed=b, per_row=per_row,
-                                config={"SPLICE_NEW_KV": splice})
+    st.check_rope_attention(DEV, dtype, b, seq=16, window=16, pos=9, seed=b, per_row=per_row)
 
 
-@pytest.mark.parametrize("splice", [False, True])
 @pytest.mark.parametrize("pos, chunk", [(5, 16), (40, 16), (63, 32), (70, 16), (30, 64)])
-def test_rope_attention_split_owner_writes(pos, chunk, splice):
-    """The split holding pos writes the token's k / v (70: past the window, the last split does); with
-    SPLICE_NEW_KV it also uses them from registers at pos."""
+def test_rope_attention_split_owner_writes(pos, chunk):
+    """The split holding pos writes the token's k / v (70: past the window, the last split does)."""
     launch = st.check_rope_attention(DEV, torch.float32, 2, **SMALL_HEADS, seq=80, window=64, pos=pos,
-                                     per_row=True, chunk=chunk, config={"SPLICE_NEW_KV": splice})
-    assert launch["splits"] == 64 // chunk and launch["SPLICE"] == splice
+                                     per_row=True, chunk=chunk)
+    assert launch["splits"] == 64 // chunk
 
 
 def test_attention_plan():

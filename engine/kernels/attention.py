@@ -52,12 +52,13 @@ SPLIT_MIN_WINDOW = 128
 # normalises its query heads padded to 16 rows), which costs more than the launch it saves.
 FUSE_MIN_ROWS = 4
 CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 2, "USE_DOT": True,
-          "ONE_WARPS": 4, "FUSED_ONE_WARPS": 2, "SPLICE_NEW_KV": False}
+          "ONE_WARPS": 4, "FUSED_ONE_WARPS": 2}
 # ONE_WARPS / FUSED_ONE_WARPS: warps of the one-program path (short windows), without / with rope_attention's
 # fused prologue (2: 34.4 against 34.9 us a layer step at 16 rows, 34.0 against 34.4 at 4;
-# bench/results/layer_step_h100.json). SPLICE_NEW_KV (rope_attention): the token's new k / v rows are put
-# in place of position pos from registers, so the window loads need not wait behind the cache write and a
-# barrier. Same results; not yet measured on a GPU, hence off.
+# bench/results/layer_step_h100.json). Putting the token's new k / v rows in place from registers, instead of
+# re-reading them from the cache after a barrier, measured slower at every row count and window (1 row,
+# window 16: 27.4 against 26.3 us; the split kernel needs 244 registers a thread with it), so it was dropped
+# (bench/results/rope_attention_h100.md).
 COMBINE_BLOCK = 16  # splits combined per step by the last program
 
 
@@ -87,8 +88,7 @@ def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None
     SPLIT_MIN_WINDOW), a chunk >= window forces one program. `config` overrides CONFIG entries;
     `block_n` is the block of the one-program path; `fused`: rope_attention's launch."""
     cfg = {**CONFIG, **(config or {})}
-    one = {"splits": 1, "chunk": window, "BLOCK_N": block_n, "num_warps": cfg["FUSED_ONE_WARPS" if fused else "ONE_WARPS"],
-           "SPLICE": bool(cfg["SPLICE_NEW_KV"])}
+    one = {"splits": 1, "chunk": window, "BLOCK_N": block_n, "num_warps": cfg["FUSED_ONE_WARPS" if fused else "ONE_WARPS"]}
     if chunk is None:
         if window < SPLIT_MIN_WINDOW:
             return one
@@ -105,7 +105,7 @@ def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None
     sp = next_pow2(splits)
     return {"splits": splits, "chunk": chunk, "BLOCK_N": block, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "USE_DOT": bool(cfg["USE_DOT"]), "SP": sp,
-            "SB": min(sp, COMBINE_BLOCK), "SPLICE": bool(cfg["SPLICE_NEW_KV"])}
+            "SB": min(sp, COMBINE_BLOCK)}
 
 
 @functools.cache
@@ -128,7 +128,7 @@ def _kernel():
                          stride_ob, stride_bias, W, scale, qkn_ptr, cos_ptr, sin_ptr, pos_ptr, stride_pos,
                          stride_cos, eps, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                          BLOCK_N: tl.constexpr, ROPE: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
-                         EMULATE_RNE: tl.constexpr, SPLICE: tl.constexpr, PDL: tl.constexpr):
+                         EMULATE_RNE: tl.constexpr, PDL: tl.constexpr):
         _pdl_enter(PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -138,10 +138,8 @@ def _kernel():
         gmask = gi < G
         if ROPE:
             pos = tl.load(pos_ptr + b * stride_pos)
-            q, k_row, v_row = _rope_q_kv(q_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, True, stride_qb,
-                                         stride_cos, skb, skh, sks, svb, svh, svs, eps, G, GP, NH, NKV, D, dt,
-                                         EMULATE_RNE, SPLICE)
-            q = q.to(tl.float32)
+            q = _rope_q_kv(q_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, True, stride_qb, stride_cos,
+                           skb, skh, sks, svb, svh, svs, eps, G, GP, NH, NKV, D, dt, EMULATE_RNE).to(tl.float32)
         else:
             q = tl.load(q_ptr + b * stride_qb + (h * G + gi[:, None]) * D + di[None, :], mask=gmask[:, None],
                         other=0.0).to(tl.float32)
@@ -154,9 +152,6 @@ def _kernel():
             n = start + tl.arange(0, BLOCK_N)
             nmask = n < W
             k = tl.load(k_base + n[:, None] * sks + di[None, :], mask=nmask[:, None], other=0.0).to(tl.float32)
-            if ROPE:  # noqa: SIM102  nested: each a compile-time branch (Triton folds a constexpr if)
-                if SPLICE:
-                    k = tl.where((n == pos)[:, None], k_row.to(tl.float32)[None, :], k)
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2).to(dt).to(tl.float32)  # [GP, BLOCK_N]
             bias = tl.load(bias_ptr + b * stride_bias + n, mask=nmask, other=float("-inf")).to(tl.float32)
             s = (bias[None, :] + scale * s).to(dt).to(tl.float32)
@@ -167,9 +162,6 @@ def _kernel():
             p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(v_base + n[:, None] * svs + di[None, :], mask=nmask[:, None], other=0.0).to(tl.float32)
-            if ROPE:  # noqa: SIM102
-                if SPLICE:
-                    v = tl.where((n == pos)[:, None], v_row.to(tl.float32)[None, :], v)
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
             m_i = m_new
         out = acc / l_i[:, None]
@@ -183,7 +175,7 @@ def _kernel():
                      G: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                      SP: tl.constexpr, SB: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
                      ROPE: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, EMULATE_RNE: tl.constexpr,
-                     SPLICE: tl.constexpr, PDL: tl.constexpr):
+                     PDL: tl.constexpr):
         _pdl_enter(PDL)  # q, caches, bias, workspace and counters are all read after the wait
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -199,9 +191,8 @@ def _kernel():
         if ROPE:  # the split holding pos writes the token's k / v (the last one if pos is past the window)
             pos = tl.load(pos_ptr + b * stride_pos)
             owner = (pos >= lo) & ((pos < hi) | (sp == splits - 1))
-            q, k_row, v_row = _rope_q_kv(q_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, owner, stride_qb,
-                                         stride_cos, skb, skh, sks, svb, svh, svs, eps, G, R, NH, NKV, D, dt,
-                                         EMULATE_RNE, SPLICE)
+            q = _rope_q_kv(q_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, owner, stride_qb, stride_cos,
+                           skb, skh, sks, svb, svh, svs, eps, G, R, NH, NKV, D, dt, EMULATE_RNE)
         else:
             q = tl.load(q_ptr + b * stride_qb + (h * G + gi[:, None]) * D + di[None, :], mask=gmask[:, None],
                         other=0.0)
@@ -216,11 +207,6 @@ def _kernel():
             live = bias != float("-inf")  # masked positions (and those past the chunk) are not read
             k = tl.load(k_base + n[:, None] * sks + di[None, :], mask=live[:, None], other=0.0)
             v = tl.load(v_base + n[:, None] * svs + di[None, :], mask=live[:, None], other=0.0)
-            if ROPE:  # noqa: SIM102
-                if SPLICE:  # only the owner meets n == pos (pos past the window meets no n)
-                    hit = (n == pos)[:, None]
-                    k = tl.where(hit, k_row[None, :], k)
-                    v = tl.where(hit, v_row[None, :], v)
             if USE_DOT:
                 if IEEE:
                     s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -328,7 +314,7 @@ def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, con
     args = (q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), window if per_row else 0,
             window)
     rope_args = rope if rope is not None else (q, q, q, q, 0, 0, 0.0)
-    flags = {"ROPE": rope is not None, "NH": nh, "NKV": nkv, "SPLICE": p["SPLICE"],
+    flags = {"ROPE": rope is not None, "NH": nh, "NKV": nkv,
              "EMULATE_RNE": q.dtype == torch.bfloat16 and interpreting()}
     if p["splits"] == 1:
         single[(b, nkv)](q, k_cache, v_cache, bias, out, *args, float(scale), *rope_args, G=g,

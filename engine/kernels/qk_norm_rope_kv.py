@@ -93,13 +93,12 @@ def _kernel():
     @triton.jit
     def _rope_q_kv(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, write_kv, stride_qkv, stride_cos,
                    skb, skh, sks, svb, svh, svs, eps, G, R: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
-                   D: tl.constexpr, dt: tl.constexpr, EMULATE_RNE: tl.constexpr, SPLICE: tl.constexpr):
+                   D: tl.constexpr, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
         """For row b and kv head h of a decode token: the G query heads of h, normed and rotated, as [R, D]
         in dt (rows past G are zero); if write_kv, also its k (normed, rotated) and v into the caches at
         pos. Attention kernels call this instead of reading a q written by qk_norm_rope_kv_kernel: the same
-        values, one launch fewer. Returns (q, k row, v row): with SPLICE the caller puts the two rows [D] in
-        place of what it loads at pos; without, the cache writes are made visible to the whole program
-        (a barrier) and the rows are zeros."""
+        values, one launch fewer. The cache writes are made visible to the whole program (a barrier), so its
+        window loads read them back."""
         cols = tl.arange(0, D)
         rot = (cols + D // 2) % D
         c = tl.load(cos_ptr + b * stride_cos + cols).to(tl.float32)
@@ -107,8 +106,6 @@ def _kernel():
         row = qkv_ptr + b * stride_qkv
         gi = tl.arange(0, R)
         q = _heads_norm_rope(row, qkn_ptr, h * G + gi, gi < G, cols, rot, c, s, eps, D, dt, EMULATE_RNE)
-        k_row = tl.zeros([D], dtype=dt)
-        v_row = tl.zeros([D], dtype=dt)
         if write_kv:
             ki = tl.arange(0, 2)
             one = ki < 1  # a tile of two heads with only the first one live (the smallest 2-D tile)
@@ -116,12 +113,8 @@ def _kernel():
             tl.store(k_ptr + b * skb + h * skh + pos * sks + ki[:, None] * 0 + cols[None, :], k, mask=one[:, None])
             v = tl.load(row + (NH + NKV + h + ki)[:, None] * D + cols[None, :], mask=one[:, None], other=0.0)
             tl.store(v_ptr + b * svb + h * svh + pos * svs + ki[:, None] * 0 + cols[None, :], v, mask=one[:, None])
-            if SPLICE:  # row 0 of each tile (adding the zero row is exact)
-                k_row = tl.sum(tl.where(one[:, None], k.to(tl.float32), 0.0), axis=0).to(dt)
-                v_row = tl.sum(tl.where(one[:, None], v.to(tl.float32), 0.0), axis=0).to(dt)
-            else:
-                tl.debug_barrier()  # the program's own cache writes are seen by all its threads
-        return q, k_row, v_row
+            tl.debug_barrier()  # the program's own cache writes are seen by all its threads
+        return q
 
     @triton.jit
     def qk_norm_rope_kv_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr,
