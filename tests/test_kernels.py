@@ -339,6 +339,27 @@ def test_sample_returns_embedding_rows(width):
     assert torch.equal(ref_rows, table[ref_ids])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_sample_negative_zero_ties_positive_zero(dtype):
+    """Top-1 of a row whose maximum is 0.0 at one id and -0.0 at another keeps both (they compare equal,
+    as in the torch path); the uniforms make the -0.0 id win the race, so dropping it changes the id."""
+    from engine.gpu import graph_sampling
+    from engine.kernels import sample as k
+
+    vocab = 64
+    logits = torch.full((1, vocab), -10.0)
+    logits[0, 3], logits[0, 7] = 0.0, -0.0
+    logits = logits.to(dtype)
+    u = torch.full((1, vocab), 0.5)
+    u[0, 7] = 0.999
+    f32 = {"device": DEV, "dtype": torch.float32}
+    settings = (torch.tensor(True, device=DEV), torch.tensor(1.0, **f32),
+                torch.tensor(graph_sampling.kth_index(1, vocab), device=DEV), torch.tensor(1.0, **f32))
+    want = k.reference(logits, *settings, u=u)
+    assert want.tolist() == [7]
+    assert k.sample(logits, *settings, u=u).tolist() == [7]
+
+
 def test_sample_distribution_chi_square():
     st.check_sample_distribution(DEV, 240, top_k=4, top_p=0.95, temperature=1.5)
 
