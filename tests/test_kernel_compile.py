@@ -5,7 +5,8 @@ rejects (a branch it cannot fold, a helper's tuple, a layout it cannot build, a 
 wheel carries ptxas, so the whole compile to a cubin runs here. Here the launchers run as in
 engine/kernels/selftest.py, at the 0.6B / 1.7B shapes in bf16 with PDL on, but each launch only compiles
 (JITFunction.run is swapped for a compile of the same signature, constexprs and options; no result is
-checked). Not covered: the opt-in persistent predictor pass (minutes of compile)."""
+checked). The opt-in persistent predictor pass compiles here too (its residency check, which needs a
+loaded binary on a device, is left to tests/gpu/test_predictor_pass_gpu.py)."""
 import importlib.util
 import inspect
 
@@ -41,6 +42,13 @@ def _signature(jit_fn, args, kwargs):
     return sig, consts, options
 
 
+class _NotLoaded:
+    """What a compile-only `warmup()` hands back: a kernel whose binary is never loaded."""
+
+    def _init_handles(self):
+        pass
+
+
 @pytest.fixture
 def compile_only(monkeypatch):
     """Launches compile for sm_90 instead of running; yields the set of distinct compiles done."""
@@ -52,6 +60,7 @@ def compile_only(monkeypatch):
     from engine.kernels import (
         attention,
         linear,
+        predictor_pass,
         qk_norm_rope_kv,
         rms_norm,
         sample,
@@ -59,8 +68,9 @@ def compile_only(monkeypatch):
         snake,
     )
 
+    modules = (linear, qk_norm_rope_kv, attention, rms_norm, sample, snake, predictor_pass)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for module in (linear, qk_norm_rope_kv, attention, rms_norm, sample, snake):
+    for module in modules:
         module._kernel.cache_clear()  # built again without the interpreter (a jit made under it only interprets)
     done = set()
 
@@ -70,12 +80,13 @@ def compile_only(monkeypatch):
         if key not in done:
             triton.compile(ASTSource(self, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
             done.add(key)
+        return _NotLoaded()
 
     monkeypatch.setattr(JITFunction, "run", run)
     monkeypatch.setattr(selftest, "_close", lambda *a, **k: None)  # the outputs were never computed
     monkeypatch.setattr(selftest, "_verdict", lambda *a, **k: None)
     yield done
-    for module in (linear, qk_norm_rope_kv, attention, rms_norm, sample, snake):
+    for module in modules:
         module._kernel.cache_clear()
 
 
@@ -119,3 +130,16 @@ def test_norm_rope_sample_snake_compile(compile_only):
     for c, length in st.SNAKE_SHAPES[:3]:
         st.check_snake("cpu", BF16, 1, c, length)
     assert len(compile_only) >= 6
+
+
+def test_predictor_pass_compiles(compile_only, monkeypatch):
+    """The persistent pass at the 0.6B predictor's shapes (5 layers, 2048-id head), with its L2 prefetch (inline
+    PTX, which the interpreter skips), at 1, 4 and 16 rows in bf16 and at 1 row in fp32 (the exact path)."""
+    from engine.kernels import predictor_pass as kp
+    from engine.kernels import selftest as st
+
+    monkeypatch.setattr(kp, "resident_programs", lambda *a, **k: 1 << 20)  # needs a loaded binary on a GPU
+    size = {"hidden": 1024, "inter": 3072, "layers": 5, "nh": 16, "nkv": 8, "d": 128}
+    for dtype, rows in [(BF16, m) for m in ROWS] + [(torch.float32, 1)]:
+        st.check_predictor_pass("cpu", dtype, rows, positions=2, vocab=2048, grid=132, **size)
+    assert len(compile_only) >= 3
