@@ -407,7 +407,8 @@ def test_layer_prefill_matches_fused_layer(dtype):
 def test_predictor_pass(dtype, rows):
     """The persistent predictor pass against the per-layer torch path. The interpreter runs programs one
     after another, so only a grid of 1 can pass a grid barrier here: the multi-program barrier, the L2
-    prefetch (inline PTX) and the residency check run in tests/gpu/test_predictor_pass_gpu.py only."""
+    prefetch (inline PTX) and the residency check run in tests/gpu/test_predictor_pass_gpu.py only (the
+    prefetch compiles in tests/test_kernel_compile.py)."""
     st.check_predictor_pass(DEV, dtype, rows)
 
 
