@@ -4,90 +4,23 @@ The interpreter tests (test_kernels.py) run the kernels' Python; they cannot see
 rejects (a branch it cannot fold, a helper's tuple, a layout it cannot build, a register budget). Triton's
 wheel carries ptxas, so the whole compile to a cubin runs here. Here the launchers run as in
 engine/kernels/selftest.py, at the 0.6B / 1.7B shapes in bf16 with PDL on, but each launch only compiles
-(JITFunction.run is swapped for a compile of the same signature, constexprs and options; no result is
-checked). The opt-in persistent predictor pass compiles here too (its residency check, which needs a
-loaded binary on a device, is left to tests/gpu/test_predictor_pass_gpu.py)."""
+(tests/sm90_compile.py; no result is checked). The opt-in persistent predictor pass compiles here too (its
+residency check, which needs a loaded binary on a device, is left to tests/gpu/test_predictor_pass_gpu.py)."""
 import importlib.util
-import inspect
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
-POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
-           torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
-
-
-def _signature(jit_fn, args, kwargs):
-    """(signature, constexprs, options) of one launch, as Triton's launcher would bind them."""
-    defaults = inspect.signature(jit_fn.fn).parameters
-    values = dict(zip((p.name for p in jit_fn.params), args))
-    options = {}
-    for key, value in kwargs.items():
-        (values if key in defaults else options)[key] = value
-    sig, consts = {}, {}
-    for p in jit_fn.params:
-        v = values[p.name] if p.name in values else defaults[p.name].default
-        if p.is_constexpr or v is None:
-            sig[p.name], consts[p.name] = "constexpr", v
-        elif isinstance(v, torch.Tensor):
-            sig[p.name] = POINTER[v.dtype]
-        elif isinstance(v, bool):
-            sig[p.name] = "i1"
-        elif isinstance(v, int):
-            sig[p.name] = "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
-        else:
-            sig[p.name] = "fp32"
-    return sig, consts, options
-
-
-class _NotLoaded:
-    """What a compile-only `warmup()` hands back: a kernel whose binary is never loaded."""
-
-    def _init_handles(self):
-        pass
-
 
 @pytest.fixture
-def compile_only(monkeypatch):
+def compile_only():
     """Launches compile for sm_90 instead of running; yields the set of distinct compiles done."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
+    from tests.sm90_compile import compile_only as compiling
 
-    from engine.kernels import (
-        attention,
-        linear,
-        predictor_pass,
-        qk_norm_rope_kv,
-        rms_norm,
-        sample,
-        selftest,
-        snake,
-    )
-
-    modules = (linear, qk_norm_rope_kv, attention, rms_norm, sample, snake, predictor_pass)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for module in modules:
-        module._kernel.cache_clear()  # built again without the interpreter (a jit made under it only interprets)
-    done = set()
-
-    def run(self, *args, grid, warmup, **kwargs):
-        sig, consts, options = _signature(self, args, kwargs)
-        key = (self.fn.__name__, tuple(sig.items()), repr(sorted(consts.items(), key=str)), repr(sorted(options.items())))
-        if key not in done:
-            triton.compile(ASTSource(self, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
-            done.add(key)
-        return _NotLoaded()
-
-    monkeypatch.setattr(JITFunction, "run", run)
-    monkeypatch.setattr(selftest, "_close", lambda *a, **k: None)  # the outputs were never computed
-    monkeypatch.setattr(selftest, "_verdict", lambda *a, **k: None)
-    yield done
-    for module in modules:
-        module._kernel.cache_clear()
+    with compiling() as done:
+        yield done
 
 
 ROWS = (1, 4, 16)

@@ -1,0 +1,109 @@
+"""Triton launches compiled for an H100 (sm_90) on a machine without a GPU, instead of run.
+
+Triton's wheel carries ptxas, so a kernel launched through its usual launcher can be compiled to a cubin
+here: inside `compile_only()`, JITFunction.run compiles the launch's signature, constexprs and options and
+returns; no kernel runs and no output is computed (the self-test's comparisons are switched off). Used by
+tests/test_kernel_compile.py (does every launcher compile?) and bench/register_usage.py (registers and
+spills of each compiled kernel)."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import subprocess
+import tempfile
+
+import torch
+
+POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
+           torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
+KERNEL_MODULES = ("linear", "qk_norm_rope_kv", "attention", "rms_norm", "sample", "snake", "predictor_pass")
+
+
+def signature(jit_fn, args, kwargs):
+    """(signature, constexprs, options) of one launch, as Triton's launcher would bind them."""
+    defaults = inspect.signature(jit_fn.fn).parameters
+    values = dict(zip((p.name for p in jit_fn.params), args))
+    options = {}
+    for key, value in kwargs.items():
+        (values if key in defaults else options)[key] = value
+    sig, consts = {}, {}
+    for p in jit_fn.params:
+        v = values[p.name] if p.name in values else defaults[p.name].default
+        if p.is_constexpr or v is None:
+            sig[p.name], consts[p.name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[p.name] = POINTER[v.dtype]
+        elif isinstance(v, bool):
+            sig[p.name] = "i1"
+        elif isinstance(v, int):
+            sig[p.name] = "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
+        else:
+            sig[p.name] = "fp32"
+    return sig, consts, options
+
+
+class NotLoaded:
+    """What a compile-only `warmup()` hands back: a kernel whose binary is never loaded."""
+
+    def _init_handles(self):
+        pass
+
+
+def resource_usage(compiled) -> dict:
+    """Registers a thread, stack (spill) bytes a thread and static shared memory of a compiled kernel, from
+    the cuobjdump that Triton's wheel carries."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        text = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True,
+                              check=True).stdout
+    fields = dict(item.split(":") for line in text.splitlines() if "REG:" in line for item in line.split())
+    return {"regs": int(fields["REG"]), "stack": int(fields["STACK"]), "shared": int(fields["SHARED"])}
+
+
+@contextlib.contextmanager
+def compile_only(on_compile=None):
+    """Within: every Triton launch compiles for sm_90 and returns. Yields the set of distinct compiles;
+    on_compile(kernel name, constexprs, options, compiled kernel) is called once for each."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    from engine.kernels import selftest
+
+    modules = [importlib.import_module(f"engine.kernels.{name}") for name in KERNEL_MODULES]
+    done = set()
+
+    def run(self, *args, grid, warmup, **kwargs):
+        sig, consts, options = signature(self, args, kwargs)
+        key = (self.fn.__name__, tuple(sig.items()), repr(sorted(consts.items(), key=str)), repr(sorted(options.items())))
+        if key not in done:
+            compiled = triton.compile(ASTSource(self, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
+            done.add(key)
+            if on_compile is not None:
+                on_compile(self.fn.__name__, consts, options, compiled)
+        return NotLoaded()
+
+    saved = {"env": os.environ.pop("TRITON_INTERPRET", None), "run": JITFunction.run,
+             "close": selftest._close, "verdict": selftest._verdict}
+    for module in modules:
+        module._kernel.cache_clear()  # built again without the interpreter (a jit made under it only interprets)
+    JITFunction.run = run
+    selftest._close = selftest._verdict = lambda *a, **k: None  # the outputs were never computed
+    try:
+        yield done
+    finally:
+        JITFunction.run = saved["run"]
+        selftest._close, selftest._verdict = saved["close"], saved["verdict"]
+        if saved["env"] is not None:
+            os.environ["TRITON_INTERPRET"] = saved["env"]
+        for module in modules:
+            module._kernel.cache_clear()
