@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from gpu_bench import checkpoint
-from timing import gpu_tag
+from timing import gpu_tag, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("default", "no_cudnn_sdp", "efficient_sdp_only", "no_cudnn_conv", "no_snake_kernel")
@@ -104,12 +103,10 @@ def main() -> None:
     ckpt = checkpoint("0.6b")
     rows = []
     for variant in VARIANTS:
-        proc = subprocess.run([sys.executable, __file__, "--worker", variant, "--ckpt", str(ckpt)],
-                              check=False, capture_output=True, text=True)
-        if proc.returncode:
-            print(variant, proc.stderr[-3000:])
+        r = run_fresh(__file__, ["--worker", variant, "--ckpt", str(ckpt)])
+        if "error" in r:
+            print(variant, r["error"])
             continue
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append(r)
         setup = sum(r[f"piece{s}"]["first_ms"] - r[f"piece{s}"]["second_ms"] for s in SIZES)
         print(f"{variant:20s} conv {r['first_conv1d_ms']:7.1f}  sdpa {r['first_sdpa_ms']:7.1f}  1f first/second "

@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from timing import best_of  # bench/ is on sys.path when a bench runs
+from timing import best_of, run_fresh  # bench/ is on sys.path when a bench runs
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
@@ -200,12 +199,8 @@ def worker_official(ckpt: Path, frames: int) -> dict:
 
 
 def run_worker(name: str, ckpt: Path, frames: int, extra=()) -> dict:
-    cmd = [sys.executable, __file__, "--worker", name, "--ckpt", str(ckpt), "--frames", str(frames), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    sys.stderr.write(proc.stderr[-4000:])
-    if proc.returncode != 0:
-        return {"engine": name, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_fresh(__file__, ["--worker", name, "--ckpt", str(ckpt), "--frames", str(frames), *extra], timeout=900)
+    return {"engine": name, **out} if "error" in out else out
 
 
 def table(results: dict) -> str:

@@ -15,13 +15,12 @@ import cProfile
 import io
 import json
 import pstats
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from gpu_bench import checkpoint
-from timing import gpu_tag
+from timing import gpu_tag, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,12 +136,9 @@ def main() -> None:
     ckpt = checkpoint(args.size)
     loads = []
     for i in range(args.loads):
-        cmd = [sys.executable, __file__, "--worker", "--ckpt", str(ckpt)] + (["--profile"] if i == args.loads - 1 else [])
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
-        if proc.returncode:
-            print(proc.stderr[-4000:])
-            raise SystemExit(proc.returncode)
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        r = run_fresh(__file__, ["--worker", "--ckpt", str(ckpt)] + (["--profile"] if i == args.loads - 1 else []))
+        if "error" in r:
+            raise SystemExit(r["error"])
         loads.append(r)
         by = {}
         for s in r["steps"]:

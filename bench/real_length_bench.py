@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from gpu_bench import _patch_tf5_rope, checkpoint
 from real_length_script import FPS, script
-from timing import gpu_tag, percentile
+from timing import gpu_tag, percentile, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 STEADY_TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
@@ -154,14 +153,10 @@ def worker_faster(ckpt: Path, mode: str) -> dict:
 
 
 def run_worker(args: list) -> dict:
-    cmd = [sys.executable, __file__, *args]
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    sys.stderr.write(proc.stderr[-3000:])
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"
-        return {"args": args, "error": tail}
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_fresh(__file__, args, timeout=1200)
+    if "error" in out:
+        return {"args": args, **out}
     out["process_s"] = time.perf_counter() - t
     return out
 

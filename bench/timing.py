@@ -1,6 +1,10 @@
 """Shared by the benches: the best of several timed runs, percentiles, GPU time of a call, the kernels of a call,
-the GPU's short name for result files."""
+the GPU's short name for result files, a worker run in a fresh process."""
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 
 def best_of(run, n: int = 3, key=None):
@@ -57,3 +61,15 @@ def gpu_tag() -> str:
 
     name = torch.cuda.get_device_name(0)
     return "h100" if "H100" in name else "h200" if "H200" in name else "gpu"
+
+
+def run_fresh(script, args, timeout=None) -> dict:
+    """`python script *args` in a fresh process (every shape and library seen for the first time), whose
+    last stdout line is a JSON object: that object, or {"error": the last stderr line} if the process failed.
+    The tail of its stderr is echoed either way."""
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    sys.stderr.write(proc.stderr[-4000:])
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
