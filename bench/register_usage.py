@@ -2,9 +2,9 @@
 
     python bench/register_usage.py [--out DIR]
 
-No GPU needed: the launchers of engine/kernels/selftest.py run at the 0.6B shapes (bf16, PDL on) inside
-tests/sm90_compile.compile_only, which compiles each launch instead of running it, and cuobjdump reads
-each cubin. A thread's registers cap how many programs an SM holds; stack bytes are spills to local
+No GPU needed: the launches of tests/sm90_compile.py (the self-test's launchers at the model shapes, bf16,
+PDL on, as the compile test makes them) run inside its compile_only(), which compiles each launch instead
+of running it, and cuobjdump reads each cubin. A thread's registers cap how many programs an SM holds; stack bytes are spills to local
 memory. Each distinct compile is listed once, under the first row count that launched it. The device runs
 its own Triton build, whose allocation may differ a little. Prints a markdown table and writes it with the
 raw figures to DIR/registers_sm90.{md,json} (DIR: bench/results).
@@ -16,45 +16,23 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 ROWS = (1, 4, 16)
-BF16 = torch.bfloat16
-PREDICTOR = {"hidden": 1024, "inter": 3072, "layers": 5, "nh": 16, "nkv": 8, "d": 128}
-SHOWN = ("PROLOGUE", "RESIDUAL", "HAS_BIAS", "ONE_TILE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "USE_DOT", "SWAP_AB", "BN_W", "BK_W", "ROPE", "R", "SP",
-         "BLOCK", "SHORT_KEYS", "PENALTY", "V")
+SHOWN = ("PROLOGUE", "RESIDUAL", "HAS_BIAS", "ONE_TILE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "USE_DOT", "SWAP_AB", "BN_W",
+         "BK_W", "ROPE", "R", "SP", "BLOCK", "SHORT_KEYS", "PENALTY", "V")
 
 
 def launches(rows_of: dict) -> None:
     """Every launcher once per shape class; `rows_of` names the rows of the launch being compiled."""
-    from engine import sampling
-    from engine.kernels import predictor_pass as kp
-    from engine.kernels import sample
-    from engine.kernels import selftest as st
+    from tests import sm90_compile as sm90
 
     for m in ROWS:
         rows_of["now"] = m
-        for n, k, prologue, residual, bias in st.LINEAR_SHAPES:
-            st.check_linear("cpu", BF16, m, n, k, prologue, residual, bias)
-        for w in (16, 256):
-            st.check_attention("cpu", BF16, m, seq=max(64, w), window=w, filled=w - 3)
-            st.check_rope_attention("cpu", BF16, m, seq=max(64, w), window=w, pos=w - 3 - m, per_row=m > 1)
-        st.check_rms_norm("cpu", BF16, m, 1024)
-        st.check_qk_norm_rope_kv("cpu", BF16, m, seq=64, per_row=m > 1)
-        for vocab in (2048, 3072):
-            logits, settings = st.sampling_case("cpu", m, vocab, 0, dtype=BF16)
-            sample.sample(logits, *settings, keys=sampling.take_keys(0, range(m), "cpu"), step=torch.tensor([3]),
-                          slot=0)
-        st.check_sample_penalty("cpu", m)  # codebook 0: the penalty, float32 keys
-        real = kp.resident_programs
-        kp.resident_programs = lambda *a, **k: 1 << 20  # the residency check needs a loaded binary
-        try:
-            st.check_predictor_pass("cpu", BF16, m, positions=2, vocab=2048, grid=132, **PREDICTOR)
-        finally:
-            kp.resident_programs = real
+        for family in (sm90.linear_launches, sm90.attention_launches, sm90.small_launches,
+                       sm90.predictor_pass_launches):
+            family(m)
 
 
 def main() -> None:
