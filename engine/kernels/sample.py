@@ -111,8 +111,7 @@ def _kernel():
                       penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, stride_t, min_new_ptr,
                       finished_ptr, emb_ptr, stride_emb, emb_out_ptr, stride_emb_out, E,
                       V, BLOCK: tl.constexpr, HAS_U: tl.constexpr, PENALTY: tl.constexpr, UPDATE: tl.constexpr,
-                      EMBED: tl.constexpr, BLOCK_E: tl.constexpr, SHORT_KEYS: tl.constexpr,
-                      KEY_BITS: tl.constexpr, PDL: tl.constexpr):
+                      EMBED: tl.constexpr, BLOCK_E: tl.constexpr, KEY_BITS: tl.constexpr, PDL: tl.constexpr):
         _pdl_enter(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
@@ -131,7 +130,7 @@ def _kernel():
             lg = tl.where(valid, lg, NEG)
         if tl.load(do_sample_ptr) != 0:
             x = tl.div_rn(lg, tl.load(temp_ptr))
-            if SHORT_KEYS:  # bf16 logits, no penalty: ranking the 16-bit logits ranks x (see the docstring)
+            if KEY_BITS == 16:  # bf16 logits, no penalty: ranking the 16-bit logits ranks x (see the docstring)
                 key = _order_key(lg) >> 16
             else:
                 key = _order_key(x)
@@ -238,7 +237,7 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         rows = torch.empty(b, embed.shape[1], dtype=embed.dtype, device=embed.device)
         embedding = (embed, embed.stride(0), rows, rows.stride(0), embed.shape[1])
     block = next_pow2(vocab)
-    short = logits.dtype == torch.bfloat16 and not pen
+    key_bits = 16 if logits.dtype == torch.bfloat16 and not pen else 32  # see the module docstring
     _kernel()[(b,)](
         logits, logits.stride(0), u if has_u else dummy, u.stride(0) if has_u else 0, ids,
         u8(do_sample), temperature, k_index, top_p,
@@ -247,5 +246,5 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,
         per_row(t) if pen else 0, min_new if pen else ids, u8(finished) if update else dummy,
         *embedding, vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update), EMBED=embed is not None,
-        BLOCK_E=1024, SHORT_KEYS=short, KEY_BITS=16 if short else 32, num_warps=warps or WARPS, **launch_options(pdl))
+        BLOCK_E=1024, KEY_BITS=key_bits, num_warps=warps or WARPS, **launch_options(pdl))
     return ids if rows is None else (ids, rows)
