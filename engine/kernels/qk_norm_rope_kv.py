@@ -77,7 +77,8 @@ def _kernel():
     @triton.jit
     def _heads_norm_rope(row_ptr, w_ptr, heads, ok, cols, rot, c, s, eps, D: tl.constexpr, dt: tl.constexpr,
                          EMULATE_RNE: tl.constexpr):
-        """RMSNorm over each head [R, D] then RoPE, rounding as qk_norm_rope_kv.py."""
+        """RMSNorm over each head [R, D] then RoPE, rounding as `_norm_rope` (the torch path) does.
+        Shared by the fused attention (_rope_q_kv) and the persistent predictor pass."""
         src = row_ptr + heads[:, None] * D
         x = tl.load(src + cols[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
         xr = tl.load(src + rot[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -88,7 +89,6 @@ def _kernel():
         yr = _round(_round(xr * rinv[:, None], dt, EMULATE_RNE).to(tl.float32) * wr, dt, EMULATE_RNE)
         return _round(_round(y * c[None, :], dt, EMULATE_RNE).to(tl.float32) + yr.to(tl.float32) * s[None, :],
                       dt, EMULATE_RNE)
-
 
     @triton.jit
     def _rope_q_kv(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, write_kv, stride_qkv, stride_cos,
