@@ -154,6 +154,15 @@ def test_attention_split_rows_of_different_lengths(dtype, dot, b, window, chunk,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("combine", [4, 32], ids=["in_rounds", "at_once"])
+def test_attention_split_combine(dtype, combine):
+    """More splits than COMBINE_BLOCK: the maxima first, then the partials in rounds; up to it: one round."""
+    launch = st.check_attention(DEV, dtype, 2, **SMALL_HEADS, seq=168, window=160, lengths=[160, 70], chunk=16,
+                                seed=4, config={"COMBINE_BLOCK": combine})
+    assert (launch["SP"] > launch["SB"]) == (combine == 4) and launch["splits"] == 10
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_attention_split_shared_bias(dtype):
     launch = st.check_attention(DEV, dtype, 3, **SMALL_HEADS, seq=140, window=128, filled=70, chunk=32, seed=9)
     assert launch["splits"] == 4

@@ -52,14 +52,15 @@ SPLIT_MIN_WINDOW = 128
 # normalises its query heads padded to 16 rows), which costs more than the launch it saves.
 FUSE_MIN_ROWS = 4
 CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 2, "USE_DOT": True,
-          "ONE_WARPS": 4, "FUSED_ONE_WARPS": 2}
+          "ONE_WARPS": 4, "FUSED_ONE_WARPS": 2, "COMBINE_BLOCK": 32}
 # ONE_WARPS / FUSED_ONE_WARPS: warps of the one-program path (short windows), without / with rope_attention's
 # fused prologue (2: 34.4 against 34.9 us a layer step at 16 rows, 34.0 against 34.4 at 4;
 # bench/results/layer_step_h100.json). Putting the token's new k / v rows in place from registers, instead of
 # re-reading them from the cache after a barrier, measured slower at every row count and window (1 row,
 # window 16: 27.4 against 26.3 us; the split kernel needs 244 registers a thread with it), so it was dropped
 # (bench/results/rope_attention_h100.md).
-COMBINE_BLOCK = 16  # splits combined per step by the last program
+# COMBINE_BLOCK: splits the last program combines per round of loads. Up to this many it loads every split's
+# partial at once (one L2 round trip instead of two: the maxima, then the rest); more go in rounds of this size.
 
 
 def reference(q, k_cache, v_cache, bias, scale):
@@ -105,7 +106,7 @@ def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None
     sp = next_pow2(splits)
     return {"splits": splits, "chunk": chunk, "BLOCK_N": block, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "USE_DOT": bool(cfg["USE_DOT"]), "SP": sp,
-            "SB": min(sp, COMBINE_BLOCK)}
+            "SB": min(sp, cfg["COMBINE_BLOCK"])}
 
 
 @functools.cache
@@ -242,27 +243,42 @@ def _kernel():
         arrived = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
         if arrived == splits - 1:  # the last arrival combines all splits in a fixed order
             ci = tl.arange(0, GP)
-            si = tl.arange(0, SP)
             ml_base = ml_ptr + pair * splits * 2 * GP
-            m_all = tl.load(ml_base + si[:, None] * 2 * GP + ci[None, :], mask=(si < splits)[:, None],
-                            other=float("-inf"), cache_modifier=".cg")  # [SP, GP]
-            m_top = tl.max(m_all, axis=0)
-            m_top = tl.where(m_top == float("-inf"), 0.0, m_top)  # a fully masked row: 0 / 0 as the reference
-            l_sum = tl.zeros([GP], tl.float32)
-            total = tl.zeros([GP, D], tl.float32)
-            sj = tl.arange(0, SB)
-            for s0 in range(0, splits, SB):
-                sidx = s0 + sj
-                sok = sidx < splits
-                mb = tl.load(ml_base + sidx[:, None] * 2 * GP + ci[None, :], mask=sok[:, None],
-                             other=float("-inf"), cache_modifier=".cg")
-                lb = tl.load(ml_base + sidx[:, None] * 2 * GP + GP + ci[None, :], mask=sok[:, None], other=0.0,
-                             cache_modifier=".cg")
-                wgt = tl.exp(mb - m_top[None, :])  # [SB, GP]; 0 for masked splits
-                l_sum += tl.sum(wgt * lb, axis=0)
-                ab = tl.load(acc_ptr + ((pair * splits + sidx) * GP * D)[:, None, None] + ci[None, :, None] * D
-                             + di[None, None, :], mask=sok[:, None, None], other=0.0, cache_modifier=".cg")
-                total += tl.sum(wgt[:, :, None] * ab, axis=0)
+            if SP <= SB:  # every split's m, l and acc in one round of loads (they do not depend on each other)
+                si = tl.arange(0, SP)
+                sok = si < splits
+                m_all = tl.load(ml_base + si[:, None] * 2 * GP + ci[None, :], mask=sok[:, None],
+                                other=float("-inf"), cache_modifier=".cg")  # [SP, GP]
+                l_all = tl.load(ml_base + si[:, None] * 2 * GP + GP + ci[None, :], mask=sok[:, None], other=0.0,
+                                cache_modifier=".cg")
+                a_all = tl.load(acc_ptr + ((pair * splits + si) * GP * D)[:, None, None] + ci[None, :, None] * D
+                                + di[None, None, :], mask=sok[:, None, None], other=0.0, cache_modifier=".cg")
+                m_top = tl.max(m_all, axis=0)
+                m_top = tl.where(m_top == float("-inf"), 0.0, m_top)  # a fully masked row: 0 / 0 as the reference
+                wgt = tl.exp(m_all - m_top[None, :])  # [SP, GP]; 0 for masked splits
+                l_sum = tl.sum(wgt * l_all, axis=0)
+                total = tl.sum(wgt[:, :, None] * a_all, axis=0)
+            else:  # the maxima first, then the splits SB at a time
+                si = tl.arange(0, SP)
+                m_all = tl.load(ml_base + si[:, None] * 2 * GP + ci[None, :], mask=(si < splits)[:, None],
+                                other=float("-inf"), cache_modifier=".cg")  # [SP, GP]
+                m_top = tl.max(m_all, axis=0)
+                m_top = tl.where(m_top == float("-inf"), 0.0, m_top)
+                l_sum = tl.zeros([GP], tl.float32)
+                total = tl.zeros([GP, D], tl.float32)
+                sj = tl.arange(0, SB)
+                for s0 in range(0, splits, SB):
+                    sidx = s0 + sj
+                    sok = sidx < splits
+                    mb = tl.load(ml_base + sidx[:, None] * 2 * GP + ci[None, :], mask=sok[:, None],
+                                 other=float("-inf"), cache_modifier=".cg")
+                    lb = tl.load(ml_base + sidx[:, None] * 2 * GP + GP + ci[None, :], mask=sok[:, None], other=0.0,
+                                 cache_modifier=".cg")
+                    wgt = tl.exp(mb - m_top[None, :])
+                    l_sum += tl.sum(wgt * lb, axis=0)
+                    ab = tl.load(acc_ptr + ((pair * splits + sidx) * GP * D)[:, None, None] + ci[None, :, None] * D
+                                 + di[None, None, :], mask=sok[:, None, None], other=0.0, cache_modifier=".cg")
+                    total += tl.sum(wgt[:, :, None] * ab, axis=0)
             out = total / l_sum[:, None]
             tl.store(out_ptr + b * stride_ob + (h * G + ci[:, None]) * D + di[None, :], out.to(dt),
                      mask=(ci < G)[:, None])

@@ -1,0 +1,93 @@
+"""What a frame costs at each cache position: the captured frame graphs replayed at chosen positions.
+
+    python bench/position_cost.py [--size 0.6b] [--takes 1 4] [--attention '{"PROGRAMS_PER_SM": 2}'] [--out F.json]
+
+A request's frames run at positions prompt length .. prompt length + frames, in the attention window bucket
+of each position (engine/gpu/frame_graph.py). The real-length benchmark's request overhead counts every frame
+at the steady ms/frame of a short request, so frames at late positions show up there as overhead. This
+bench loads the engine as the node does (random real-size CustomVoice checkpoint), runs one short request per
+takes count so its graphs exist, then for each window bucket and a few positions in it replays that graph
+16 times from the position (each replay advances it by one) and reports the GPU ms a frame (CUDA events,
+the best of 3). --attention patches engine.kernels.attention.CONFIG before the load (a launch-plan A/B).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu_bench import checkpoint
+
+REPLAYS = 16
+
+
+def positions(window: int, step: int) -> list:
+    """A few starting positions inside the bucket (window - step, window], each leaving room for the replays."""
+    lo = window - step
+    return [p for p in (lo + 8, lo + step // 2, window - REPLAYS) if p >= 0]
+
+
+@torch.inference_mode()
+def frame_ms(runner, batch: int, window: int, pos: int) -> float:
+    """GPU ms a frame of the (batch, window) graph replayed REPLAYS times from position pos (best of 3)."""
+    s = runner.s = runner._state(batch)
+    graph = runner._graph(window)
+    best = float("inf")
+    for _ in range(3):
+        s.pos.fill_(pos)
+        s.t.zero_()
+        s.limit.fill_(1 << 30)
+        s.finished.zero_()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(REPLAYS):
+            graph.replay()
+        b.record()
+        b.synchronize()
+        best = min(best, a.elapsed_time(b) / REPLAYS)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="0.6b")
+    ap.add_argument("--takes", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--attention", default="", help="JSON: entries of engine.kernels.attention.CONFIG to override")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    from engine import Engine, Request
+    from engine.gpu.frame_graph import WINDOW_STEP, batch_bucket
+    from engine.kernels import attention
+
+    if args.attention:
+        attention.CONFIG.update(json.loads(args.attention))
+    eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
+    req = Request(mode="custom", text="A short line to capture the graphs.", language="English", speaker="ryan")
+    rows = []
+    for takes in args.takes:
+        eng.generate(req, takes=takes, params=eng.defaults.replace(max_new_tokens=8, min_new_tokens=8))
+        batch = batch_bucket(takes)
+        windows = sorted(w for b, w in eng.runner.graphs if b == batch)
+        for window in windows:
+            for pos in positions(window, WINDOW_STEP):
+                ms = frame_ms(eng.runner, batch, window, pos)
+                rows.append({"takes": takes, "window": window, "pos": pos, "ms": ms})
+                print(f"{args.label} takes {takes} window {window:4d} pos {pos:4d}: {ms:.4f} ms a frame", flush=True)
+    out = {"gpu": torch.cuda.get_device_name(), "size": args.size, "label": args.label,
+           "attention_config": attention.CONFIG, "rows": rows}
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
