@@ -198,6 +198,8 @@ def run_script(eng, probe, chunk: int, variant: str = "engine") -> list:
     flush, rows = getattr(codec_overlap, "FLUSH_FRAMES", None), decode.decode_rows
     if variant.startswith("flush"):
         codec_overlap.FLUSH_FRAMES = int(variant[5:])
+    if variant == "no_overlap":  # every frame waits for the end: the codec runs after the last frame only
+        codec_overlap.FLUSH_FRAMES = 1 << 30
     if variant == "no_prelaunch":
         decode.decode_rows = lambda *a, **k: rows(*a, **{**k, "prelaunch": False})
     try:
@@ -260,12 +262,13 @@ def main():
     ap.add_argument("--size", default="0.6b")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", nargs="+", default=["engine"],
-                    choices=["engine", "sync_trim", "pinned_trim", "hi_stream", "no_prelaunch", "flush8", "flush16",
-                             "flush32"],
+                    choices=["engine", "sync_trim", "pinned_trim", "hi_stream", "no_prelaunch", "no_overlap", "flush8",
+                             "flush16", "flush32"],
                     help="engine: as shipped; sync_trim / pinned_trim: other ways to wait for and copy the audio; "
                          "hi_stream: the request on a high-priority stream (the codec's side stream stays low); "
                          "no_prelaunch: decode_rows without launching each next chunk's first frame early; "
-                         "flushN: side-stream codec pieces of N frames")
+                         "flushN: side-stream codec pieces of N frames; no_overlap: the whole codec after the "
+                         "last frame (what the frames cost without the codec beside them)")
     ap.add_argument("--first-seen", action="store_true",
                     help="also time the prompt's text projection at lengths never seen, first call and again")
     ap.add_argument("--codec-profile", action="store_true",
