@@ -10,13 +10,14 @@ with EOS disabled make every request decode exactly its frame count.
 
 Per mode it reports audio s / wall s, p50/p95 wall per request, p50/p95 first audio (the first streamed
 chunk; the whole request when not streaming) and the request overhead = wall - frames x steady ms/frame,
-where the steady ms/frame of each engine is (wall(200 frames) - wall(50 frames)) / 150 measured warm in
-the same process after the script. Writes DIR/real_length_<gpu>.json and .md.
+where the steady ms/frame of each engine is the slope of wall against frames over warm requests of 50 to 200
+frames (the median of 3 at each of 50, 100, 150 and 200), measured in the same process after the script. Writes DIR/real_length_<gpu>.json and .md.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -44,13 +45,21 @@ def summarise(rows: list, steady_ms: float, takes: int) -> dict:
             "overhead_p50_ms": percentile(over, 50), "overhead_p95_ms": percentile(over, 95)}
 
 
-def _steady(run, frames_hi=200, frames_lo=50) -> float:
-    """Warm ms per frame without fixed costs: the faster of 2 at each length, then the difference."""
-    run(frames_hi)
-    run(frames_lo)
-    hi = min(run(frames_hi) for _ in range(2))
-    lo = min(run(frames_lo) for _ in range(2))
-    return 1000 * (hi - lo) / (frames_hi - frames_lo)
+STEADY_FRAMES = (50, 100, 150, 200)
+
+
+def _steady(run, lengths=STEADY_FRAMES, repeats=3) -> float:
+    """Warm ms per frame without fixed costs: the least-squares slope of wall against frames, through the median
+    of `repeats` runs at each length. (The difference of the best of 2 at 200 and at 50 frames, used before,
+    moved by up to 0.05 ms a frame from one process to the next, and with it a 300-frame request's overhead
+    by 15 ms.)"""
+    run(lengths[-1])
+    run(lengths[0])
+    walls = [statistics.median(run(n) for _ in range(repeats)) for n in lengths]
+    mean_n, mean_w = statistics.fmean(lengths), statistics.fmean(walls)
+    slope = (sum((n - mean_n) * (w - mean_w) for n, w in zip(lengths, walls))
+             / sum((n - mean_n) ** 2 for n in lengths))
+    return 1000 * slope
 
 
 # ---------------------------------------------------------------------------------------------
