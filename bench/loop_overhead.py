@@ -1,0 +1,127 @@
+"""Where a frame's time goes between the captured graph and a whole request: one step at a time.
+
+    python bench/loop_overhead.py [--size 0.6b] [--frames 200] [--out F.json]
+
+Loads the engine as the node does (random real-size CustomVoice checkpoint), captures its graphs with one short
+request, then times frames at cache positions 30 .. 30 + frames (the 256 window), median of 3, ms a frame:
+  * replay: the one-take frame graph replayed back to back (CUDA events), as bench/position_cost.py;
+  * sustained: the same for 5 x frames in a row (does the GPU slow down under a long run?);
+  * clones: each replay followed by the two copies the decode loop makes of the frame's codes and flags;
+  * sync4: clones, plus a host read of the finished flags every 4 frames (the decode loop's one sync a chunk);
+  * generate / no_overlap: whole requests (Engine.generate) of `frames` and of 50 frames, the slope between
+    them (fixed costs cancel); no_overlap decodes the codec after the last frame instead of beside the frames.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from gpu_bench import checkpoint
+
+START = 30
+TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
+        "and watched the ships pass safely through the storm.")
+
+
+def timed(loop, frames: int) -> float:
+    """Host-clock ms a frame of loop() (which launches `frames` frames), synchronised before and after."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    loop()
+    torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - t) / frames
+
+
+@torch.inference_mode()
+def frame_loops(eng, frames: int) -> dict:
+    runner = eng.runner
+    s = runner.s = runner._state(1)
+    graph = runner._graph(256)
+
+    def reset():
+        s.pos.fill_(START)
+        s.t.zero_()
+        s.limit.fill_(1 << 30)
+        s.finished.zero_()
+
+    def replay(n=frames):
+        reset()
+        for i in range(n):
+            if i and i % frames == 0:
+                reset()  # stream-ordered: stay inside the 256 window without a sync
+            graph.replay()
+
+    def clones(sync_every=0):
+        reset()
+        for i in range(frames):
+            graph.replay()
+            s.frame[:1].clone()
+            s.valid[:1].clone()
+            if sync_every and (i + 1) % sync_every == 0:
+                s.finished[:1].tolist()
+
+    loops = {"replay": (replay, frames), "sustained": (lambda: replay(5 * frames), 5 * frames),
+             "clones": (clones, frames), "sync4": (lambda: clones(4), frames)}
+    out = {}
+    for name, (loop, n) in loops.items():
+        loop()  # warm
+        out[name] = statistics.median(timed(loop, n) for _ in range(3))
+    return out
+
+
+def request_slope(eng, frames: int) -> dict:
+    from engine import Request
+    from engine.gpu import codec_overlap
+
+    req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
+
+    def wall(n):
+        params = eng.defaults.replace(max_new_tokens=n, min_new_tokens=n)
+        t = time.perf_counter()
+        eng.generate(req, takes=1, seed=0, params=params)
+        return time.perf_counter() - t
+
+    out = {}
+    flush = codec_overlap.FLUSH_FRAMES
+    for name, value in (("generate", flush), ("no_overlap", 1 << 30)):
+        codec_overlap.FLUSH_FRAMES = value
+        wall(frames)
+        hi = statistics.median(wall(frames) for _ in range(3))
+        lo = statistics.median(wall(50) for _ in range(3))
+        out[name] = 1000 * (hi - lo) / (frames - 50)
+    codec_overlap.FLUSH_FRAMES = flush
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="0.6b")
+    ap.add_argument("--frames", type=int, default=200)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    from engine import Engine, Request
+
+    eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
+    req = Request(mode="custom", text="A short line to capture the graphs.", language="English", speaker="ryan")
+    eng.generate(req, takes=1, params=eng.defaults.replace(max_new_tokens=8, min_new_tokens=8))
+    res = {**frame_loops(eng, args.frames), **request_slope(eng, args.frames)}
+    for name, ms in res.items():
+        print(f"{name:12s} {ms:.4f} ms a frame", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "size": args.size,
+                                        "frames": args.frames, "ms_per_frame": res}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
