@@ -12,6 +12,8 @@ Per mode it reports audio s / wall s, p50/p95 wall per request, p50/p95 first au
 chunk; the whole request when not streaming) and the request overhead = wall - frames x steady ms/frame,
 where the steady ms/frame of each engine is (wall(200 frames) - wall(50 frames)) / 150 measured warm in
 the same process after the script (the walls are kept in the JSON). Writes DIR/real_length_<gpu>.json and .md.
+The JSON also has the SM clock, power and temperature (sampled by nvidia-smi) during each of our requests and
+over the script and the steady phases, to tell a clock drift from other causes.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from gpu_bench import _patch_tf5_rope, checkpoint
 from real_length_script import FPS, script
-from timing import gpu_tag, percentile, run_fresh
+from timing import GpuClocks, gpu_tag, percentile, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 STEADY_TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
@@ -101,12 +103,19 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int) -> d
         return {"frames": frames, "wall_s": wall, "first_s": first, **extra}
 
     rows = []
-    for i, (lang, text, frames) in enumerate(script()):
-        rows.append({"language": lang, **one(lang, text, frames, seed=i)})
-        print(json.dumps(rows[-1]), flush=True)
-    steady, steady_walls = _steady(lambda n: one("English", STEADY_TEXT, n, seed=0)["wall_s"])
+    with GpuClocks() as clocks:  # does the frame speed drift with the SM clock? (script phase vs steady phase)
+        t_script = time.perf_counter()
+        for i, (lang, text, frames) in enumerate(script()):
+            t0 = time.perf_counter()
+            rows.append({"language": lang, **one(lang, text, frames, seed=i)})
+            rows[-1]["clocks"] = clocks.during(t0, time.perf_counter())
+            print(json.dumps(rows[-1]), flush=True)
+        t_steady = time.perf_counter()
+        steady, steady_walls = _steady(lambda n: one("English", STEADY_TEXT, n, seed=0)["wall_s"])
+        phases = {"script": clocks.during(t_script, t_steady), "steady": clocks.during(t_steady, time.perf_counter())}
     out = {"engine": "ours", "mode": mode, "takes": takes, "load_s": load_s, "info": eng.info.summary(),
-           "notes": eng.info.notes, "rows": rows, **summarise(rows, steady, takes), "steady_walls_s": steady_walls}
+           "notes": eng.info.notes, "rows": rows, **summarise(rows, steady, takes), "steady_walls_s": steady_walls,
+           "clocks": phases}
     graphs = getattr(eng.runner, "graphs", {})
     out["frame_graphs"] = [list(k) for k in graphs]
     if eng.codec_graphs is not None:

@@ -73,3 +73,53 @@ def run_fresh(script, args, timeout=None) -> dict:
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class GpuClocks:
+    """The GPU's SM clock, power draw and temperature, sampled by one `nvidia-smi -lms` process on a thread
+    while the `with` block runs; `during(t0, t1)` sums up the samples between two perf_counter times. Without
+    nvidia-smi it records nothing and `during` returns {}."""
+
+    QUERY = "clocks.sm,power.draw,temperature.gpu"
+
+    def __init__(self, period_ms: int = 100, gpu: int = 0):
+        self.period_ms, self.gpu = period_ms, gpu
+        self.samples: list[tuple[float, float, float, float]] = []  # (perf_counter, MHz, W, C)
+        self.proc = None
+
+    def __enter__(self):
+        import shutil
+        import threading
+        import time
+
+        if shutil.which("nvidia-smi") is None:
+            return self
+        self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
+                                      f"-lms={self.period_ms}", f"-i={self.gpu}"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+
+        def read():
+            for line in self.proc.stdout:
+                try:
+                    mhz, watts, temp = (float(v) for v in line.split(","))
+                except ValueError:
+                    continue  # "[N/A]" fields
+                self.samples.append((time.perf_counter(), mhz, watts, temp))
+
+        threading.Thread(target=read, name="gpu-clocks", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=5)
+        return False
+
+    def during(self, t0: float, t1: float) -> dict:
+        got = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not got:
+            return {}
+        mhz = [s[1] for s in got]
+        return {"sm_mhz_mean": round(sum(mhz) / len(mhz), 1), "sm_mhz_min": min(mhz), "sm_mhz_max": max(mhz),
+                "power_w_mean": round(sum(s[2] for s in got) / len(got), 1), "temp_c_max": max(s[3] for s in got),
+                "clock_samples": len(got)}
