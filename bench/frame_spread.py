@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from engine_probe import codec_after_frames, script_params
 from gpu_bench import checkpoint
 from real_length_script import script
 
@@ -33,7 +34,7 @@ def run(eng, greedy: bool) -> list:
 
     rows = []
     for i, (lang, text, frames) in enumerate(script()):
-        params = eng.defaults.replace(max_new_tokens=frames, min_new_tokens=min(eng.defaults.min_new_tokens, frames))
+        params = script_params(eng, frames)
         if greedy:
             params = params.replace(do_sample=False, subtalker_dosample=False)
         req = Request(mode="custom", text=text, language=lang, speaker="ryan")
@@ -56,11 +57,9 @@ def main() -> None:
     from engine import Engine
 
     eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
-    from engine.gpu import codec_overlap
-
     runs = {"sample": run(eng, False), "sample_again": run(eng, False), "greedy": run(eng, True)}
-    codec_overlap.FLUSH_FRAMES = 1 << 30  # the codec after the last frame: the frames run alone
-    runs["sample_no_overlap"] = run(eng, False)
+    with codec_after_frames():  # the frames run alone
+        runs["sample_no_overlap"] = run(eng, False)
     for name, rows in runs.items():
         long = [r["ms_per_frame"] for r in rows if r["frames"] >= 80]
         print(f"{name:13s} requests of 80+ frames: ms a frame min {min(long):.3f} median {statistics.median(long):.3f} "

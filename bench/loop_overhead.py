@@ -26,11 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_bench import checkpoint
+from engine_probe import codec_after_frames, load_captured, seat
+from gpu_bench import TEXT
 
 START = 30
-TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
-        "and watched the ships pass safely through the storm.")
 
 
 def timed(loop, frames: int) -> float:
@@ -45,14 +44,11 @@ def timed(loop, frames: int) -> float:
 @torch.inference_mode()
 def frame_loops(eng, frames: int) -> dict:
     runner = eng.runner
-    s = runner.s = runner._state(1)
+    s = seat(runner, 1, START)
     graph = runner._graph(256)
 
     def reset():
-        s.pos.fill_(START)
-        s.t.zero_()
-        s.limit.fill_(1 << 30)
-        s.finished.zero_()
+        seat(runner, 1, START)
 
     def replay(n=frames):
         reset()
@@ -79,9 +75,9 @@ def frame_loops(eng, frames: int) -> dict:
     return out
 
 
-def request_slope(eng, frames: int) -> dict:
+def request_slope(eng, frames: int) -> float:
+    """ms a frame of whole requests: the median wall at `frames` and at 50 frames, the slope between them."""
     from engine import Request
-    from engine.gpu import codec_overlap
 
     req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
 
@@ -91,16 +87,10 @@ def request_slope(eng, frames: int) -> dict:
         eng.generate(req, takes=1, seed=0, params=params)
         return time.perf_counter() - t
 
-    out = {}
-    flush = codec_overlap.FLUSH_FRAMES
-    for name, value in (("generate", flush), ("no_overlap", 1 << 30)):
-        codec_overlap.FLUSH_FRAMES = value
-        wall(frames)
-        hi = statistics.median(wall(frames) for _ in range(3))
-        lo = statistics.median(wall(50) for _ in range(3))
-        out[name] = 1000 * (hi - lo) / (frames - 50)
-    codec_overlap.FLUSH_FRAMES = flush
-    return out
+    wall(frames)
+    hi = statistics.median(wall(frames) for _ in range(3))
+    lo = statistics.median(wall(50) for _ in range(3))
+    return 1000 * (hi - lo) / (frames - 50)
 
 
 def main() -> None:
@@ -110,12 +100,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    from engine import Engine, Request
-
-    eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
-    req = Request(mode="custom", text="A short line to capture the graphs.", language="English", speaker="ryan")
-    eng.generate(req, takes=1, params=eng.defaults.replace(max_new_tokens=8, min_new_tokens=8))
-    res = {**frame_loops(eng, args.frames), **request_slope(eng, args.frames)}
+    eng = load_captured(args.size)
+    res = frame_loops(eng, args.frames)
+    res["generate"] = request_slope(eng, args.frames)
+    with codec_after_frames():
+        res["no_overlap"] = request_slope(eng, args.frames)
     for name, ms in res.items():
         print(f"{name:12s} {ms:.4f} ms a frame", flush=True)
     if args.out:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_bench import checkpoint
+from engine_probe import load_captured, seat
 
 REPLAYS = 16
 
@@ -37,14 +37,10 @@ def positions(window: int, step: int) -> list:
 @torch.inference_mode()
 def frame_ms(runner, batch: int, window: int, pos: int) -> float:
     """GPU ms a frame of the (batch, window) graph replayed REPLAYS times from position pos (best of 3)."""
-    s = runner.s = runner._state(batch)
-    graph = runner._graph(window)
     best = float("inf")
     for _ in range(3):
-        s.pos.fill_(pos)
-        s.t.zero_()
-        s.limit.fill_(1 << 30)
-        s.finished.zero_()
+        seat(runner, batch, pos)
+        graph = runner._graph(window)  # the seated batch's graph (captured at load)
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -65,17 +61,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    from engine import Engine, Request
     from engine.gpu.frame_graph import WINDOW_STEP, batch_bucket
     from engine.kernels import attention
 
     if args.attention:
         attention.CONFIG.update(json.loads(args.attention))
-    eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
-    req = Request(mode="custom", text="A short line to capture the graphs.", language="English", speaker="ryan")
+    eng = load_captured(args.size, args.takes)
     rows = []
     for takes in args.takes:
-        eng.generate(req, takes=takes, params=eng.defaults.replace(max_new_tokens=8, min_new_tokens=8))
         batch = batch_bucket(takes)
         windows = sorted(w for b, w in eng.runner.graphs if b == batch)
         for window in windows:

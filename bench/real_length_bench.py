@@ -23,13 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_bench import _patch_tf5_rope, checkpoint
+from engine_probe import script_params
+from gpu_bench import TEXT, _patch_tf5_rope, checkpoint
 from real_length_script import FPS, script
 from timing import GpuClocks, gpu_tag, percentile, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
-STEADY_TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
-               "and watched the ships pass safely through the storm.")
+STEADY_TEXT = TEXT  # the 250-frame bench's line
 SPEAKER = "ryan"
 
 
@@ -79,21 +79,19 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int) -> d
     if first_chunk:
         stream_kw["first_chunk_frames"] = first_chunk
 
-    def params(frames):
-        return eng.defaults.replace(max_new_tokens=frames, min_new_tokens=min(eng.defaults.min_new_tokens, frames))
 
     def one(lang, text, frames, seed):
         req = Request(mode="custom", text=text, language=lang, speaker=SPEAKER)
         t0 = time.perf_counter()
         if mode == "stream2":
             first, n = None, 0
-            for chunk in eng.stream(req, takes=1, seed=seed, params=params(frames), **stream_kw):
+            for chunk in eng.stream(req, takes=1, seed=seed, params=script_params(eng, frames), **stream_kw):
                 first = chunk.elapsed_s if first is None else first
                 n += chunk.codes.shape[1]
             wall = time.perf_counter() - t0
             extra = {}
         else:
-            res = eng.generate(req, takes=takes, seed=seed, params=params(frames))
+            res = eng.generate(req, takes=takes, seed=seed, params=script_params(eng, frames))
             wall = time.perf_counter() - t0
             first, n = wall, res.stats["frames"]
             st = res.stats

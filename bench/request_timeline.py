@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from engine_probe import NO_FLUSH, script_params
 from gpu_bench import checkpoint
 from real_length_script import script
 from timing import cuda_kernels, mean_gpu_ms, percentile
@@ -199,7 +200,7 @@ def run_script(eng, probe, chunk: int, variant: str = "engine") -> list:
     if variant.startswith("flush"):
         codec_overlap.FLUSH_FRAMES = int(variant[5:])
     if variant == "no_overlap":  # every frame waits for the end: the codec runs after the last frame only
-        codec_overlap.FLUSH_FRAMES = 1 << 30
+        codec_overlap.FLUSH_FRAMES = NO_FLUSH
     if variant == "no_prelaunch":
         decode.decode_rows = lambda *a, **k: rows(*a, **{**k, "prelaunch": False})
     try:
@@ -213,7 +214,7 @@ def _run_script(eng, probe, chunk, stream) -> list:
 
     rows = []
     for i, (lang, text, frames) in enumerate(script()):
-        params = eng.defaults.replace(max_new_tokens=frames, min_new_tokens=min(eng.defaults.min_new_tokens, frames))
+        params = script_params(eng, frames)
         req = Request(mode="custom", text=text, language=lang, speaker=SPEAKER)
         probe.reset()
         torch.cuda.synchronize()

@@ -3,8 +3,11 @@ the GPU's short name for result files, a worker run in a fresh process."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import threading
+import time
 
 
 def best_of(run, n: int = 3, key=None):
@@ -88,10 +91,6 @@ class GpuClocks:
         self.proc = None
 
     def __enter__(self):
-        import shutil
-        import threading
-        import time
-
         if shutil.which("nvidia-smi") is None:
             return self
         self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",

@@ -1,0 +1,54 @@
+"""Bench helpers that reach into a loaded engine (the benches put the project root on sys.path first):
+
+  * load_captured: the engine as the node loads it (random real-size CustomVoice checkpoint), with the frame
+    graphs of the given takes counts captured by one short request each;
+  * seat: a batch bucket's frame state put at a cache position, every row live with no frame budget, so its
+    graphs can be replayed from there;
+  * codec_after_frames: the whole-utterance codec decoded after the last frame instead of beside the frames;
+  * script_params: the sampling settings of a request of exactly `frames` frames (EOS is disabled).
+"""
+from __future__ import annotations
+
+import contextlib
+
+from gpu_bench import checkpoint
+
+CAPTURE_TEXT = "A short line to capture the graphs."
+NO_FLUSH = 1 << 30  # codec_overlap.FLUSH_FRAMES that no request reaches
+
+
+def load_captured(size: str, takes=(1,)):
+    from engine import Engine, Request
+
+    eng = Engine.load(checkpoint(size), device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
+    req = Request(mode="custom", text=CAPTURE_TEXT, language="English", speaker="ryan")
+    for n in takes:
+        eng.generate(req, takes=n, params=eng.defaults.replace(max_new_tokens=8, min_new_tokens=8))
+    return eng
+
+
+def seat(runner, batch: int, pos: int):
+    """The runner's state of `batch` rows, made current and put at position pos (stream-ordered, no sync)."""
+    s = runner.s = runner._state(batch)
+    s.pos.fill_(pos)
+    s.t.zero_()
+    s.limit.fill_(1 << 30)
+    s.finished.zero_()
+    return s
+
+
+@contextlib.contextmanager
+def codec_after_frames():
+    """No side-stream codec pieces while the frames run: every frame waits, as one run, for the end."""
+    from engine.gpu import codec_overlap
+
+    flush = codec_overlap.FLUSH_FRAMES
+    codec_overlap.FLUSH_FRAMES = NO_FLUSH
+    try:
+        yield
+    finally:
+        codec_overlap.FLUSH_FRAMES = flush
+
+
+def script_params(eng, frames: int):
+    return eng.defaults.replace(max_new_tokens=frames, min_new_tokens=min(eng.defaults.min_new_tokens, frames))
