@@ -31,7 +31,7 @@ from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _pdl_enter = _rope_q_kv = None
+triton = tl = _pdl_enter = _rope_q_kv = _split_m = _split_l_acc = _finite_top = None
 
 # Split-KV launch plan. Windows below SPLIT_MIN_WINDOW run one program per (row, kv head). Longer ones
 # are cut into chunks (multiples of BLOCK_N, at least MIN_CHUNK positions) so that B * nkv * splits is
@@ -111,7 +111,7 @@ def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None
 
 @functools.cache
 def _kernel():
-    global triton, tl, _pdl_enter, _rope_q_kv
+    global triton, tl, _pdl_enter, _rope_q_kv, _split_m, _split_l_acc, _finite_top
     import triton
     import triton.language as tl
 
@@ -119,6 +119,26 @@ def _kernel():
     _pdl_enter = enter()
     kq._kernel()
     _rope_q_kv = kq._rope_q_kv
+
+    # The split partials, as the combine reads them (written by other programs: .cg, past L1). s: split
+    # indices, ok: the real ones; the others read as m = -inf, l = 0, acc = 0 and weigh nothing.
+    @triton.jit
+    def _split_m(ml_base, s, ok, ci, GP: tl.constexpr):  # running maxima [S, GP]
+        return tl.load(ml_base + s[:, None] * 2 * GP + ci[None, :], mask=ok[:, None], other=float("-inf"),
+                       cache_modifier=".cg")
+
+    @triton.jit
+    def _split_l_acc(ml_base, acc_base, s, ok, ci, di, GP: tl.constexpr, D: tl.constexpr):  # [S, GP], [S, GP, D]
+        lsum = tl.load(ml_base + s[:, None] * 2 * GP + GP + ci[None, :], mask=ok[:, None], other=0.0,
+                       cache_modifier=".cg")
+        acc = tl.load(acc_base + (s * GP * D)[:, None, None] + ci[None, :, None] * D + di[None, None, :],
+                      mask=ok[:, None, None], other=0.0, cache_modifier=".cg")
+        return lsum, acc
+
+    @triton.jit
+    def _finite_top(m):  # the maximum over splits; 0 for a fully masked row (0 / 0 as the reference)
+        top = tl.max(m, axis=0)
+        return tl.where(top == float("-inf"), 0.0, top)
 
     # ROPE: q_ptr is the qkv projection, not q. Each program first makes its query heads from it (q/k norm
     # and RoPE), and the program that owns position pos writes that token's k and v into the caches
@@ -244,40 +264,27 @@ def _kernel():
         if arrived == splits - 1:  # the last arrival combines all splits in a fixed order
             ci = tl.arange(0, GP)
             ml_base = ml_ptr + pair * splits * 2 * GP
+            acc_base = acc_ptr + pair * splits * GP * D
             if SP <= SB:  # every split's m, l and acc in one round of loads (they do not depend on each other)
                 si = tl.arange(0, SP)
                 sok = si < splits
-                m_all = tl.load(ml_base + si[:, None] * 2 * GP + ci[None, :], mask=sok[:, None],
-                                other=float("-inf"), cache_modifier=".cg")  # [SP, GP]
-                l_all = tl.load(ml_base + si[:, None] * 2 * GP + GP + ci[None, :], mask=sok[:, None], other=0.0,
-                                cache_modifier=".cg")
-                a_all = tl.load(acc_ptr + ((pair * splits + si) * GP * D)[:, None, None] + ci[None, :, None] * D
-                                + di[None, None, :], mask=sok[:, None, None], other=0.0, cache_modifier=".cg")
-                m_top = tl.max(m_all, axis=0)
-                m_top = tl.where(m_top == float("-inf"), 0.0, m_top)  # a fully masked row: 0 / 0 as the reference
-                wgt = tl.exp(m_all - m_top[None, :])  # [SP, GP]; 0 for masked splits
+                m_all = _split_m(ml_base, si, sok, ci, GP)
+                l_all, a_all = _split_l_acc(ml_base, acc_base, si, sok, ci, di, GP, D)
+                wgt = tl.exp(m_all - _finite_top(m_all)[None, :])  # [SP, GP]; 0 for masked splits
                 l_sum = tl.sum(wgt * l_all, axis=0)
                 total = tl.sum(wgt[:, :, None] * a_all, axis=0)
             else:  # the maxima first, then the splits SB at a time
                 si = tl.arange(0, SP)
-                m_all = tl.load(ml_base + si[:, None] * 2 * GP + ci[None, :], mask=(si < splits)[:, None],
-                                other=float("-inf"), cache_modifier=".cg")  # [SP, GP]
-                m_top = tl.max(m_all, axis=0)
-                m_top = tl.where(m_top == float("-inf"), 0.0, m_top)
+                m_top = _finite_top(_split_m(ml_base, si, si < splits, ci, GP))
                 l_sum = tl.zeros([GP], tl.float32)
                 total = tl.zeros([GP, D], tl.float32)
                 sj = tl.arange(0, SB)
                 for s0 in range(0, splits, SB):
                     sidx = s0 + sj
                     sok = sidx < splits
-                    mb = tl.load(ml_base + sidx[:, None] * 2 * GP + ci[None, :], mask=sok[:, None],
-                                 other=float("-inf"), cache_modifier=".cg")
-                    lb = tl.load(ml_base + sidx[:, None] * 2 * GP + GP + ci[None, :], mask=sok[:, None], other=0.0,
-                                 cache_modifier=".cg")
-                    wgt = tl.exp(mb - m_top[None, :])
+                    lb, ab = _split_l_acc(ml_base, acc_base, sidx, sok, ci, di, GP, D)
+                    wgt = tl.exp(_split_m(ml_base, sidx, sok, ci, GP) - m_top[None, :])
                     l_sum += tl.sum(wgt * lb, axis=0)
-                    ab = tl.load(acc_ptr + ((pair * splits + sidx) * GP * D)[:, None, None] + ci[None, :, None] * D
-                                 + di[None, None, :], mask=sok[:, None, None], other=0.0, cache_modifier=".cg")
                     total += tl.sum(wgt[:, :, None] * ab, axis=0)
             out = total / l_sum[:, None]
             tl.store(out_ptr + b * stride_ob + (h * G + ci[:, None]) * D + di[None, :], out.to(dt),
