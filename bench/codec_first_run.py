@@ -5,7 +5,8 @@
 Each variant runs in a fresh process on the 0.6B checkpoint's codec (bf16, CUDA): the first tiny conv1d
 and the first masked attention of the process (library start-up), the first 1-frame decode, then each
 piece size decoded twice, eagerly. first - second is the per-shape set-up a load pays once per piece.
-Variants switch one suspect off: the cuDNN attention backend, cuDNN convolutions, the Triton snake kernel.
+Variants switch one suspect off: the cuDNN attention backend, cuDNN convolutions (no_cudnn: both), the Triton
+snake kernel. The first run of the 16-frame piece is profiled on the host: which ops pay the per-shape set-up.
 Writes DIR/codec_first_run_<gpu>.json.
 """
 from __future__ import annotations
@@ -20,8 +21,10 @@ from gpu_bench import checkpoint
 from timing import gpu_tag, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("default", "no_cudnn_sdp", "efficient_sdp_only", "no_cudnn_conv", "no_snake_kernel")
+VARIANTS = ("default", "no_cudnn_sdp", "efficient_sdp_only", "no_cudnn_conv", "no_cudnn", "deterministic",
+            "no_snake_kernel")
 SIZES = (32, 16, 8, 4, 2)
+PROFILED = 16  # the piece whose first run is profiled on the host (the profiler adds its own time)
 
 
 def worker(ckpt: Path, variant: str) -> dict:
@@ -36,12 +39,14 @@ def worker(ckpt: Path, variant: str) -> dict:
 
     dev = torch.device("cuda")
     torch.zeros(1, device=dev)
-    if variant == "no_cudnn_sdp":
+    if variant in ("no_cudnn_sdp", "no_cudnn", "deterministic"):  # no_cudnn_sdp is what the engine runs (model.layers.sdpa)
         torch.backends.cuda.enable_cudnn_sdp(False)
     if variant == "efficient_sdp_only":
         for name in ("cudnn", "flash", "math"):
             getattr(torch.backends.cuda, f"enable_{name}_sdp")(False)
-    if variant == "no_cudnn_conv":
+    if variant == "deterministic":  # cuDNN builds plans only for its deterministic engines
+        torch.backends.cudnn.deterministic = True
+    if variant in ("no_cudnn_conv", "no_cudnn"):
         torch.backends.cudnn.enabled = False
 
     def timed(fn):
@@ -73,7 +78,19 @@ def worker(ckpt: Path, variant: str) -> dict:
         out["second_decode_1f_ms"] = timed(lambda: dec(codes, state, check=False))
         for size in SIZES:
             codes = torch.zeros(1, cfg.decoder.num_quantizers, size, dtype=torch.long, device=dev)
-            first = timed(lambda c=codes: dec(c, state, check=False))
+            if size == PROFILED:  # which ops pay the per-shape set-up: host time of each op on its first run
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+                    first = timed(lambda c=codes: dec(c, state, check=False))
+                convs = [e for e in prof.key_averages(group_by_input_shape=True) if "convolution" in e.key]
+                out[f"first_piece{size}_conv_shapes_ms"] = [
+                    [e.key, str(e.input_shapes)[:120], round(e.self_cpu_time_total / 1000, 2), e.count]
+                    for e in sorted(convs, key=lambda e: -e.self_cpu_time_total)[:20]]
+                ops = sorted((e for e in prof.key_averages() if e.key.startswith(("aten::", "cudnn", "cuda"))),
+                             key=lambda e: -e.self_cpu_time_total)
+                out[f"first_piece{size}_host_ops_ms"] = {e.key: [round(e.self_cpu_time_total / 1000, 2), e.count]
+                                                         for e in ops[:15]}
+            else:
+                first = timed(lambda c=codes: dec(c, state, check=False))
             second = timed(lambda c=codes: dec(c, state, check=False))
             out[f"piece{size}"] = {"first_ms": first, "second_ms": second}
         codes = torch.zeros(1, cfg.decoder.num_quantizers, 32, dtype=torch.long, device=dev)
@@ -93,6 +110,7 @@ def main() -> None:
     ap.add_argument("--worker")
     ap.add_argument("--ckpt", type=Path)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.ckpt, args.worker)))
@@ -102,7 +120,7 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(0)
     ckpt = checkpoint("0.6b")
     rows = []
-    for variant in VARIANTS:
+    for variant in args.variants:
         r = run_fresh(__file__, ["--worker", variant, "--ckpt", str(ckpt)])
         if "error" in r:
             print(variant, r["error"])
@@ -118,6 +136,10 @@ def main() -> None:
     (args.out / f"codec_first_run_{name}.json").write_text(json.dumps({"gpu": gpu, "rows": rows}, indent=2))
     for r in rows[:1]:
         print(json.dumps(r["kernels_32f_ms"], indent=1))
+    for r in rows:
+        print(r["variant"], json.dumps(r.get(f"first_piece{PROFILED}_host_ops_ms"), indent=1))
+        for row in r.get(f"first_piece{PROFILED}_conv_shapes_ms", []):
+            print("   ", row)
 
 
 if __name__ == "__main__":

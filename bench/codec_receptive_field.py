@@ -60,7 +60,7 @@ def conv_context_frames(dec: CodecDecoder) -> float:
 
 def latent(dec: CodecDecoder, codes: torch.Tensor) -> torch.Tensor:
     h = dec.pre_conv(dec.quantizer.decode(codes))
-    return dec.pre_transformer(h.transpose(1, 2))  # [B, T, latent]
+    return dec.pre_transformer(h)  # [B, T, latent]: the decoder runs time-major
 
 
 def last_above(profile: list[float], thr: float) -> int:

@@ -91,7 +91,7 @@ def test_snake_in_the_codec_decoder():
     ks = kernels.Kernels(["snake"])
     dec.use_kernels(ks)
     assert snakes and all(m.kernels is ks for m in snakes)
-    x = torch.randn(1, snakes[0].alpha.shape[0], 7)
+    x = torch.randn(1, 7, snakes[0].alpha.shape[0])  # time-major [B, L, C]
     with torch.inference_mode():
         assert torch.equal(snakes[0](x), kernels.Kernels().snake(x, *snakes[0].params()))
     dec.use_kernels(None)

@@ -83,7 +83,8 @@ def load_state_dict_into(module: nn.Module, safetensors_path: str | Path, prefix
     """Load the `prefix`-keyed tensors of a safetensors file into `module` (its names without the prefix).
 
     Floating tensors are cast to `dtype` (None keeps the file's dtype); integer tensors keep theirs. Each
-    tensor replaces the module's own (which may be on the meta device) on `device`. Raises CheckpointError
+    tensor replaces the module's own (which may be on the meta device) on `device`, in the module's own strides
+    (the codec decoder stores its conv weights channels fastest). Raises CheckpointError
     naming the file and the key for a missing key, a shape mismatch (expected vs found), an unexpected key
     under `prefix` or a damaged file.
     """
@@ -113,6 +114,8 @@ def load_state_dict_into(module: nn.Module, safetensors_path: str | Path, prefix
                     t = t.to(device=device, dtype=dtype)
                 else:
                     t = t.to(device=device)
+                if current.dim() > 1 and current.stride() != t.stride():  # keep a layout the module chose
+                    t = torch.empty_strided(current.shape, current.stride(), dtype=t.dtype, device=device).copy_(t)
                 owner, attr = _owner(module, local)
                 if attr in owner._parameters:
                     owner._parameters[attr] = nn.Parameter(t, requires_grad=current.requires_grad)

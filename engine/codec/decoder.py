@@ -37,7 +37,7 @@ class DecodeState:
     """
 
     def __init__(self) -> None:
-        self.tails: dict[nn.Module, torch.Tensor] = {}  # conv input tails [B, C, keep], keyed by module
+        self.tails: dict[nn.Module, torch.Tensor] = {}  # conv input tails [B, keep, C], keyed by module
         self.kv: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}  # [B, kv_heads, window-1, d] each
         self.frames: torch.Tensor | None = None  # long [1]: absolute position of the next frame
 
@@ -72,29 +72,58 @@ class DecodeState:
 
 
 def _with_tail(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState | None) -> torch.Tensor:
-    """Prepend `keep` samples of left context (zeros at the start) and remember the new last `keep`."""
+    """Prepend `keep` samples of left context to x [B, L, C] (zeros at the start) and remember the new last
+    `keep`."""
     if keep == 0:
         return x
     if state is None:
-        return F.pad(x, (keep, 0))
+        return F.pad(x, (0, 0, keep, 0))
     tail = state.tails.get(module)
     if tail is None:
-        tail = state.tails[module] = x.new_zeros(x.shape[0], x.shape[1], keep)
-    x = torch.cat([tail, x], dim=-1)
-    tail.copy_(x[..., x.shape[-1] - keep:])  # in place: a captured graph keeps reading this buffer
+        tail = state.tails[module] = x.new_zeros(x.shape[0], keep, x.shape[2])
+    x = torch.cat([tail, x], dim=1)
+    tail.copy_(x[:, x.shape[1] - keep:])  # in place: a captured graph keeps reading this buffer
     return x
 
 
 # ----------------------------------------------------------------------------------------------------
 # Convolutions and activations
 # ----------------------------------------------------------------------------------------------------
-# On CUDA, dilated convs run as a plain 2-D conv over the input viewed as [B, C, L / d, d]
-# (CausalConv1d._folded). For the 384- and 192-channel wave blocks at dilation 3 and 9, cuDNN 9 picks its
-# legacy implicit_convolve_sgemm (0.45-0.6 ms a conv for a 32-frame piece on an H200; 6 ms at 16 rows;
-# benchmark mode picks the same); folded they take 0.06-0.1 ms. Whole pieces measured faster with every
-# dilated conv folded than with only those two widths (bench/results/codec_pieces_h200.md).
-# False: every conv runs as nn.Conv1d.
+# The waveform path runs time-major: activations are [B, L, C], contiguous, channels fastest. A conv
+# sees them as a channels-last [B, C, 1, L] view (no copy) and its weight is stored channels fastest
+# (_channels_fastest) once at construction, so cuDNN runs its NHWC kernels with no layout conversion at all.
+# With [B, C, L] activations and weights it converted every weight (and most inputs) on every call: 39
+# nchwToNhwc launches, 21% of a 1-frame piece's kernel time on an H100 / H200, plus the transposes around
+# the ConvNeXt blocks and the transformer. 1x1 convs run as matmuls over the time-major rows (F.linear).
+#
+# On CUDA, dilated convs run as a plain 2-D conv over the input viewed as [B, C, L / d, d] (_folded).
+# For the 384- and 192-channel wave blocks at dilation 3 and 9, cuDNN 9 picks its legacy
+# implicit_convolve_sgemm (0.45-0.6 ms a conv for a 32-frame piece on an H200; 6 ms at 16 rows; benchmark
+# mode picks the same); folded they take 0.06-0.1 ms (bench/results/codec_pieces_h200.md). Time-major,
+# the fold is a free view: [B, L, C] is [B, L / d, d, C]. False: every conv runs as a dilated conv.
 FOLD_DILATED_CONVS = True
+#
+# The ConvNeXt blocks' depthwise convs are the one kind that runs on a [B, C, L] copy: cuDNN's channels-last
+# depthwise conv builds its plan for each new input length in ~0.22 s on an H100 (every other conv of a
+# piece: 2-3.5 ms; its NCHW depthwise plan: the same), which put ~1 s on the codec capture at load; the two
+# layout copies cost a few microseconds (bench/codec_first_run.py, first_piece16_conv_shapes_ms).
+
+
+def _channels_fastest(weight: torch.Tensor) -> nn.Parameter:
+    """A conv weight [A, B, k] with the same values, stored k-major with dim 1 fastest: viewed as [A, B, 1, k]
+    it is channels-last (state_dict loading copies into it and keeps the layout)."""
+    relaid = weight.detach().transpose(1, 2).contiguous().transpose(1, 2)
+    return nn.Parameter(relaid, requires_grad=weight.requires_grad)
+
+
+def _as_nchw(x: torch.Tensor) -> torch.Tensor:
+    """[B, L, C] -> the same memory as a channels-last [B, C, 1, L]."""
+    return x.transpose(1, 2).unsqueeze(2)
+
+
+def _as_nlc(y: torch.Tensor) -> torch.Tensor:
+    """A conv's [B, O, 1, L] output (channels-last when its input and weight were) -> [B, L, O]."""
+    return y.squeeze(2).transpose(1, 2)
 
 
 class CausalConv1d(nn.Module):
@@ -103,26 +132,38 @@ class CausalConv1d(nn.Module):
     def __init__(self, in_ch: int, out_ch: int, kernel_size: int, dilation: int = 1, groups: int = 1):
         super().__init__()
         self.conv = nn.Conv1d(in_ch, out_ch, kernel_size, dilation=dilation, groups=groups)
+        self.conv.weight = _channels_fastest(self.conv.weight)
         self.left = (kernel_size - 1) * dilation
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+        """x [B, L, C] -> [B, L, O]."""
         x = _with_tail(self, x, self.left, state)
-        if FOLD_DILATED_CONVS and x.is_cuda and self.conv.dilation[0] > 1 and self.conv.groups == 1:
+        conv = self.conv
+        if conv.kernel_size[0] == 1 and conv.groups == 1:  # a 1x1 conv is a matmul over time-major rows
+            return F.linear(x, conv.weight.squeeze(-1), conv.bias)
+        if conv.groups > 1:  # depthwise (ConvNeXt): on [B, C, L] (see the note above FOLD_DILATED_CONVS)
+            y = F.conv1d(x.transpose(1, 2).contiguous(), conv.weight, conv.bias, groups=conv.groups)
+            return y.transpose(1, 2).contiguous()
+        if FOLD_DILATED_CONVS and x.is_cuda and conv.dilation[0] > 1 and conv.groups == 1:
             return self._folded(x)
-        return self.conv(x)
+        y = F.conv2d(_as_nchw(x), conv.weight.unsqueeze(2), conv.bias, dilation=(1, conv.dilation[0]),
+                     groups=conv.groups)
+        return _as_nlc(y)
 
     def _folded(self, x: torch.Tensor) -> torch.Tensor:
-        """The dilated conv as a (k, 1) conv of x [B, C, L] viewed as [B, C, L / d, d] (zero-padded on the right
-        to a multiple of d): output t = h * d + w sums x[t + j * d] over taps j, exactly the dilated conv's
-        terms; the outputs past the real length are dropped (a view with a row stride, no copy)."""
+        """The dilated conv as a (k, 1) conv of x [B, L, C] viewed as [B, L / d, d, C] (zero-padded at the end
+        to a multiple of d), i.e. a channels-last [B, C, L / d, d]: output t = h * d + w sums x[t + j * d] over
+        taps j, exactly the dilated conv's terms; the outputs past the real length are dropped (a slice of
+        time, no copy)."""
         d = self.conv.dilation[0]
-        n = x.shape[-1] - self.left
-        pad = (-x.shape[-1]) % d
+        n = x.shape[1] - self.left
+        pad = (-x.shape[1]) % d
         if pad:
-            x = F.pad(x, (0, pad))
-        b, c, length = x.shape
-        y = F.conv2d(x.view(b, c, length // d, d), self.conv.weight.unsqueeze(-1), self.conv.bias)  # [B, O, H, d]
-        return y.reshape(b, y.shape[1], -1)[..., :n]
+            x = F.pad(x, (0, 0, 0, pad))
+        b, length, c = x.shape
+        grid = x.view(b, length // d, d, c).permute(0, 3, 1, 2)  # [B, C, H, d], channels-last
+        y = F.conv2d(grid, self.conv.weight.unsqueeze(-1), self.conv.bias)  # [B, O, H, d], channels-last
+        return y.permute(0, 2, 3, 1).reshape(b, -1, y.shape[1])[:, :n]
 
 
 class CausalConvTranspose1d(nn.Module):
@@ -135,16 +176,22 @@ class CausalConvTranspose1d(nn.Module):
     def __init__(self, in_ch: int, out_ch: int, kernel_size: int, stride: int):
         super().__init__()
         self.conv = nn.ConvTranspose1d(in_ch, out_ch, kernel_size, stride=stride)
+        self.conv.weight = _channels_fastest(self.conv.weight)
         self.stride = stride
         self.context = (kernel_size - 1) // stride
 
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.conv_transpose2d(_as_nchw(x), self.conv.weight.unsqueeze(2), self.conv.bias, stride=(1, self.stride))
+        return _as_nlc(y)
+
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        n = x.shape[-1]
+        """x [B, L, C] -> [B, L * stride, O]."""
+        n = x.shape[1]
         if state is None:
-            return self.conv(x)[..., : n * self.stride]
+            return self._run(x)[:, : n * self.stride]
         x = _with_tail(self, x, self.context, state)
         start = self.context * self.stride
-        return self.conv(x)[..., start: start + n * self.stride]
+        return self._run(x)[:, start: start + n * self.stride]
 
 
 class SnakeBeta(nn.Module):
@@ -188,7 +235,7 @@ class SnakeBeta(nn.Module):
         ks = self.kernels
         if ks is not None and "snake" in ks.active and x.is_cuda and x.numel() < 2 ** 30:  # int32 offsets
             return ks.snake(x, freq, inv_mag)
-        return x + inv_mag[None, :, None] * torch.sin(x * freq[None, :, None]).pow(2)
+        return x + inv_mag * torch.sin(x * freq).pow(2)  # x [B, L, C]
 
 
 class ConvNeXtBlock(nn.Module):
@@ -204,9 +251,8 @@ class ConvNeXtBlock(nn.Module):
         self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        h = self.dwconv(x, state).transpose(1, 2)
-        h = self.pwconv2(self.act(self.pwconv1(self.norm(h))))
-        return x + (self.gamma * h).transpose(1, 2)
+        h = self.pwconv2(self.act(self.pwconv1(self.norm(self.dwconv(x, state)))))  # time-major: no transposes
+        return x + self.gamma * h
 
 
 class ResidualUnit(nn.Module):
@@ -385,12 +431,12 @@ class ResidualGroup(nn.Module):
         self.vq = _CodebookList(count, size, dim)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, K, T] -> [B, io_dim, T]."""
+        """codes [B, K, T] -> [B, T, io_dim] (time-major)."""
         total = None
         for i, slot in enumerate(self.vq.layers):
             vec = slot._codebook.lookup(codes[:, i])
             total = vec if total is None else total + vec
-        return self.output_proj(total.transpose(1, 2))
+        return F.linear(total, self.output_proj.weight.squeeze(-1))  # the 1x1 conv on [B, T, dim]
 
 
 class SplitQuantizer(nn.Module):
@@ -404,7 +450,7 @@ class SplitQuantizer(nn.Module):
         self.rvq_rest = ResidualGroup(cfg.num_quantizers - n_sem, cfg.codebook_size, dim, cfg.codebook_dim)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, 16, T] -> [B, codebook_dim, T]."""
+        """codes [B, 16, T] -> [B, T, codebook_dim]."""
         return self.rvq_first.decode(codes[:, : self.n_semantic]) + self.rvq_rest.decode(codes[:, self.n_semantic:])
 
 
@@ -463,8 +509,8 @@ class CodecDecoder(nn.Module):
         if check:
             self.check_codes(codes)
         codes = codes.long()
-        h = self.pre_conv(self.quantizer.decode(codes), state)
-        h = self.pre_transformer(h.transpose(1, 2), state).transpose(1, 2)
+        h = self.pre_conv(self.quantizer.decode(codes), state)  # [B, T, latent]: time-major from here on
+        h = self.pre_transformer(h, state)
         if state is not None:
             state.position(codes.device).add_(codes.shape[-1])
         for stage in self.upsample:
@@ -472,4 +518,4 @@ class CodecDecoder(nn.Module):
                 h = layer(h, state)
         for layer in self.decoder:
             h = layer(h, state)
-        return h.clamp(-1.0, 1.0).squeeze(1)
+        return h.clamp(-1.0, 1.0).squeeze(2)

@@ -56,10 +56,11 @@ SNAKE_SHAPES = [(1536, 4), (768, 32), (384, 160), (192, 640), (96, 1920), (1536,
 
 def check_snake(device, dtype, b, c, length, seed=0, row_pad=0):
     """SnakeBeta: every step rounds where torch's expression rounds, so only the sine may differ (an ulp).
-    row_pad > 0: x is a slice of the last dim (rows at a stride of length + row_pad), as after a folded conv."""
+    x is time-major [B, L, C]; row_pad > 0: x is a slice of time (batch rows at a stride of (length + row_pad) * C),
+    as after a folded conv."""
     from . import snake as k
 
-    x = _rand((b, c, length + row_pad), dtype, device, seed, 3.0)[..., :length]
+    x = _rand((b, length + row_pad, c), dtype, device, seed, 3.0)[:, :length]
     freq = _rand((c,), torch.float32, "cpu", seed + 1, 0.5).exp().to(dtype).to(device)
     inv_mag = (1.0 / (_rand((c,), torch.float32, "cpu", seed + 2, 0.5).exp() + 1e-9)).to(dtype).to(device)
     got, want = k.snake(x, freq, inv_mag), k.reference(x, freq, inv_mag)

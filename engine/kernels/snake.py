@@ -26,8 +26,9 @@ BLOCK = 1024  # elements a program (4 warps, 8 per thread)
 
 
 def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor) -> torch.Tensor:
-    """x [B, C, L]; freq, inv_mag [C] in x.dtype: SnakeBeta's torch expression."""
-    return x + inv_mag[None, :, None] * torch.sin(x * freq[None, :, None]).pow(2)
+    """x [B, L, C] (time-major, the codec decoder's layout); freq, inv_mag [C] in x.dtype: SnakeBeta's torch
+    expression."""
+    return x + inv_mag * torch.sin(x * freq).pow(2)
 
 
 @functools.cache
@@ -58,16 +59,16 @@ def _kernel():
         """v rounded to the activation dtype, back in fp32 (where torch's expression rounds)."""
         return _round(v, dt, EMULATE_RNE).to(tl.float32)
 
-    @triton.jit(do_not_specialize=["N", "L", "C", "stride_row"])  # one compile serves every shape
-    def snake_kernel(x_ptr, freq_ptr, inv_ptr, out_ptr, N, L, C, stride_row, BLOCK: tl.constexpr,
+    @triton.jit(do_not_specialize=["N", "C", "per_batch", "stride_batch"])  # one compile serves every shape
+    def snake_kernel(x_ptr, freq_ptr, inv_ptr, out_ptr, N, C, per_batch, stride_batch, BLOCK: tl.constexpr,
                      EMULATE_RNE: tl.constexpr, PDL: tl.constexpr):
         _pdl_enter(PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < N
-        row = offs // L  # b * C + c
-        ch = row % C
+        b = offs // per_batch  # per_batch = L * C: a batch row may sit at its own stride (a slice of time)
+        ch = offs % C
         dt: tl.constexpr = out_ptr.dtype.element_ty
-        xf = tl.load(x_ptr + row * stride_row + (offs - row * L), mask=mask, other=0.0).to(tl.float32)
+        xf = tl.load(x_ptr + b * stride_batch + (offs - b * per_batch), mask=mask, other=0.0).to(tl.float32)
         f = tl.load(freq_ptr + ch, mask=mask, other=0.0).to(tl.float32)
         m = tl.load(inv_ptr + ch, mask=mask, other=0.0).to(tl.float32)
         s = _to_fp32(_sin(_to_fp32(xf * f, dt, EMULATE_RNE)), dt, EMULATE_RNE)  # sin(x * freq), rounded as torch
@@ -78,20 +79,20 @@ def _kernel():
 
 
 def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """x [B, C, L] (rows of L samples at one row stride, e.g. a slice of the last dim of a contiguous tensor;
-    anything else is made contiguous); freq, inv_mag [C] contiguous, x.dtype -> new contiguous [B, C, L]."""
-    b, c, length = x.shape
+    """x [B, L, C] (time-major; each batch row's L * C values contiguous, at any batch stride, e.g. a slice of
+    time; anything else is made contiguous); freq, inv_mag [C] contiguous, x.dtype -> new contiguous [B, L, C]."""
+    b, length, c = x.shape
     require(freq.shape == (c,) and inv_mag.shape == (c,) and freq.is_contiguous() and inv_mag.is_contiguous(),
             f"snake params must be contiguous [{c}], got {tuple(freq.shape)} / {tuple(inv_mag.shape)}")
     require(freq.dtype == x.dtype and inv_mag.dtype == x.dtype, "snake params must have the activation's dtype")
     n = x.numel()
     require(n < 2 ** 31, f"snake input of {n} elements overflows int32 offsets")
-    if not (x.stride(-1) == 1 and x.stride(0) == c * x.stride(1)):
+    if not (x.stride(2) == 1 and x.stride(1) == c):
         x = x.contiguous()
-    out = torch.empty(b, c, length, dtype=x.dtype, device=x.device)
+    out = torch.empty(b, length, c, dtype=x.dtype, device=x.device)
     if n:
         grid = ((n + BLOCK - 1) // BLOCK,)
-        _kernel()[grid](x, freq, inv_mag, out, n, length, c, x.stride(1), BLOCK=BLOCK,
+        _kernel()[grid](x, freq, inv_mag, out, n, c, length * c, x.stride(0), BLOCK=BLOCK,
                         EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(), num_warps=4,
                         **launch_options(pdl))
     return out
