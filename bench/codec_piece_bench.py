@@ -8,7 +8,8 @@ random weights (SnakeBeta's alpha / beta perturbed so the activations are not al
 then, as Engine.load does:
   * captures every piece for 1 row and for 16 rows, timing each bucket's capture (load pays the 1-row one);
   * replays each captured graph back to back: GPU ms per piece (CUDA events, mean of --repeats);
-  * profiles one eager 1- and 32-frame piece (1 row): kernels, summed GPU us, the top kernels by time;
+  * profiles one eager 1- and 32-frame piece of 1 row and a 16-frame piece of 16 rows: kernels, summed GPU us,
+    the top kernels by time;
   * checks a 45-frame whole decode through the pieces against one eager pass (max abs difference) and, with
     --save, writes the piece output so two trees can be compared bit for bit.
 --snake on runs SnakeBeta as the Triton kernel; --fold sets decoder.FOLD_DILATED_CONVS. --snake-exactness counts
@@ -52,7 +53,19 @@ def build_decoder(dtype=torch.bfloat16) -> CodecDecoder:
 def kernel_table(fn) -> dict:
     rows = cuda_kernels(fn)
     return {"kernels": sum(r["count"] for r in rows), "summed_us": round(sum(r["us"] for r in rows), 1),
-            "top": rows[:12]}
+            "top": rows[:20], "ops": op_table(fn)}
+
+
+def op_table(fn) -> list:
+    """GPU time by the torch op that launched it (which op a generic elementwise kernel belongs to)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ops = [e for e in prof.key_averages() if e.key.startswith("aten::") and e.self_device_time_total > 0]
+    ops.sort(key=lambda e: -e.self_device_time_total)
+    return [{"op": e.key[:60], "count": e.count, "us": round(e.self_device_time_total, 1)} for e in ops[:20]]
 
 
 def pieces_bench(args) -> dict:
@@ -100,13 +113,14 @@ def _pieces_bench(args, dec) -> dict:
             out["replay_ms"][bucket][size] = round(mean_gpu_ms(graph.replay, args.repeats), 4)
         print(f"replay ms, {bucket:2d} rows: " + "  ".join(f"{s}f {ms:.3f}" for s, ms in out["replay_ms"][bucket].items()),
               flush=True)
-    state = graphs.state(1)
     q = dec.cfg.num_quantizers
-    for frames in (1, 32):
-        codes = torch.zeros(1, q, frames, dtype=torch.long, device="cuda")
+    for rows, frames in ((1, 1), (1, 32), (16, 16)):  # the last: what 16 takes decode beside their frames
+        state = graphs.state(rows)
+        codes = torch.zeros(rows, q, frames, dtype=torch.long, device="cuda")
         table = kernel_table(lambda c=codes: dec(c, state, check=False))
-        out["profile"][frames] = table
-        print(f"eager {frames:2d}-frame piece: {table['kernels']} kernels, {table['summed_us']} us summed", flush=True)
+        out["profile"][frames if rows == 1 else f"{rows}x{frames}"] = table
+        print(f"eager {frames:2d}-frame piece, {rows} rows: {table['kernels']} kernels, {table['summed_us']} us summed",
+              flush=True)
         for r in table["top"]:
             print(f"   {r['count']:4d} {r['us']:8.1f} us  {r['kernel']}")
     # a whole decode through the pieces (32 + 13 padded as 16) against one eager pass

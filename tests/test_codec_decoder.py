@@ -425,7 +425,7 @@ def test_folded_dilated_conv_is_the_dilated_conv(dilation):
     assert conv.conv.weight.stride() == (7 * 6, 1, 6)  # stored channels fastest
     for n in (1, 2, 5, 160, 161, 640):
         x = torch.randn(2, conv.left + n, 6, dtype=torch.float64)
-        got = conv._folded(x)
+        got = conv._folded(x, conv.conv.bias)
         assert got.shape == (2, n, 5)
         want = conv.conv(x.transpose(1, 2).contiguous()).transpose(1, 2)  # nn.Conv1d on [B, C, L]
         assert (got - want).abs().max().item() <= 1e-12, n

@@ -77,6 +77,7 @@ def test_rms_norm(dtype, m, n):
 def test_snake(dtype, b, c, length):
     st.check_snake(DEV, dtype, b, c, length, seed=b + c + length)
     st.check_snake(DEV, dtype, b, c, length, seed=b + c + length, row_pad=3)  # rows at a stride
+    st.check_snake(DEV, dtype, b, c, length, seed=b + c + length, bias=True)  # a conv's bias fused
 
 
 def test_snake_in_the_codec_decoder():

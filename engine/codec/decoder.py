@@ -135,22 +135,22 @@ class CausalConv1d(nn.Module):
         self.conv.weight = _channels_fastest(self.conv.weight)
         self.left = (kernel_size - 1) * dilation
 
-    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        """x [B, L, C] -> [B, L, O]."""
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None, with_bias: bool = True) -> torch.Tensor:
+        """x [B, L, C] -> [B, L, O]. with_bias=False leaves the bias out (the caller adds it, fused)."""
         x = _with_tail(self, x, self.left, state)
         conv = self.conv
+        bias = conv.bias if with_bias else None
         if conv.kernel_size[0] == 1 and conv.groups == 1:  # a 1x1 conv is a matmul over time-major rows
-            return F.linear(x, conv.weight.squeeze(-1), conv.bias)
+            return F.linear(x, conv.weight.squeeze(-1), bias)
         if conv.groups > 1:  # depthwise (ConvNeXt): on [B, C, L] (see the note above FOLD_DILATED_CONVS)
-            y = F.conv1d(x.transpose(1, 2).contiguous(), conv.weight, conv.bias, groups=conv.groups)
+            y = F.conv1d(x.transpose(1, 2).contiguous(), conv.weight, bias, groups=conv.groups)
             return y.transpose(1, 2).contiguous()
-        if FOLD_DILATED_CONVS and x.is_cuda and conv.dilation[0] > 1 and conv.groups == 1:
-            return self._folded(x)
-        y = F.conv2d(_as_nchw(x), conv.weight.unsqueeze(2), conv.bias, dilation=(1, conv.dilation[0]),
-                     groups=conv.groups)
+        if FOLD_DILATED_CONVS and x.is_cuda and conv.dilation[0] > 1:
+            return self._folded(x, bias)
+        y = F.conv2d(_as_nchw(x), conv.weight.unsqueeze(2), bias, dilation=(1, conv.dilation[0]))
         return _as_nlc(y)
 
-    def _folded(self, x: torch.Tensor) -> torch.Tensor:
+    def _folded(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The dilated conv as a (k, 1) conv of x [B, L, C] viewed as [B, L / d, d, C] (zero-padded at the end
         to a multiple of d), i.e. a channels-last [B, C, L / d, d]: output t = h * d + w sums x[t + j * d] over
         taps j, exactly the dilated conv's terms; the outputs past the real length are dropped (a slice of
@@ -162,7 +162,7 @@ class CausalConv1d(nn.Module):
             x = F.pad(x, (0, 0, 0, pad))
         b, length, c = x.shape
         grid = x.view(b, length // d, d, c).permute(0, 3, 1, 2)  # [B, C, H, d], channels-last
-        y = F.conv2d(grid, self.conv.weight.unsqueeze(-1), self.conv.bias)  # [B, O, H, d], channels-last
+        y = F.conv2d(grid, self.conv.weight.unsqueeze(-1), bias)  # [B, O, H, d], channels-last
         return y.permute(0, 2, 3, 1).reshape(b, -1, y.shape[1])[:, :n]
 
 
@@ -230,12 +230,17 @@ class SnakeBeta(nn.Module):
                 self._params = (key, self.alpha.exp(), 1.0 / (self.beta.exp() + 1e-9))
         return self._params[1], self._params[2]
 
-    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None, bias: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """x [B, L, C]; `bias` [C]: the previous conv's bias, added here (one launch fewer, and one pass less
+        over the activation, when the Triton kernel runs; the same values either way)."""
         freq, inv_mag = self.params()
         ks = self.kernels
         if ks is not None and "snake" in ks.active and x.is_cuda and x.numel() < 2 ** 30:  # int32 offsets
-            return ks.snake(x, freq, inv_mag)
-        return x + inv_mag * torch.sin(x * freq).pow(2)  # x [B, L, C]
+            return ks.snake(x, freq, inv_mag, bias)
+        if bias is not None:
+            x = x + bias
+        return x + inv_mag * torch.sin(x * freq).pow(2)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -266,7 +271,8 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x), state)), state)
+        h = self.conv1(self.act1(x), state, with_bias=False)  # its bias goes into act2's launch
+        return x + self.conv2(self.act2(h, bias=self.conv1.conv.bias), state)
 
 
 class WaveBlock(nn.Module):

@@ -54,18 +54,19 @@ def check_rms_norm(device, dtype, m, n, seed=0):
 SNAKE_SHAPES = [(1536, 4), (768, 32), (384, 160), (192, 640), (96, 1920), (1536, 128), (96, 61440)]
 
 
-def check_snake(device, dtype, b, c, length, seed=0, row_pad=0):
+def check_snake(device, dtype, b, c, length, seed=0, row_pad=0, bias=False):
     """SnakeBeta: every step rounds where torch's expression rounds, so only the sine may differ (an ulp).
     x is time-major [B, L, C]; row_pad > 0: x is a slice of time (batch rows at a stride of (length + row_pad) * C),
-    as after a folded conv."""
+    as after a folded conv; bias: a per-channel bias added first (a conv's, fused into the activation)."""
     from . import snake as k
 
     x = _rand((b, length + row_pad, c), dtype, device, seed, 3.0)[:, :length]
     freq = _rand((c,), torch.float32, "cpu", seed + 1, 0.5).exp().to(dtype).to(device)
     inv_mag = (1.0 / (_rand((c,), torch.float32, "cpu", seed + 2, 0.5).exp() + 1e-9)).to(dtype).to(device)
-    got, want = k.snake(x, freq, inv_mag), k.reference(x, freq, inv_mag)
+    add = _rand((c,), dtype, device, seed + 3, 1.0) if bias else None  # a conv's bias, fused (bias=True)
+    got, want = k.snake(x, freq, inv_mag, add), k.reference(x, freq, inv_mag, add)
     _verdict(got.shape == want.shape and got.dtype == want.dtype, f"snake shape/dtype {got.shape} {got.dtype}")
-    _close(got, want, TOL[dtype], f"snake {dtype} B={b} C={c} L={length}")
+    _close(got, want, TOL[dtype], f"snake {dtype} B={b} C={c} L={length} bias={bias}")
     return (got.float() - want.float()).abs().max().item()
 
 

@@ -40,6 +40,7 @@ def test_snake(dtype, b):
     for c, length in st.SNAKE_SHAPES:
         st.check_snake(DEV, dtype, b, c, length, seed=c + length)
         st.check_snake(DEV, dtype, b, c, length, seed=c + length, row_pad=7)  # a folded conv's sliced output
+        st.check_snake(DEV, dtype, b, c, length, seed=c + length, bias=True)  # a conv's bias fused
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
