@@ -13,7 +13,8 @@ chunk; the whole request when not streaming) and the request overhead = wall - f
 where the steady ms/frame of each engine is (wall(200 frames) - wall(50 frames)) / 150 measured warm in
 the same process after the script (the walls are kept in the JSON). Writes DIR/real_length_<gpu>.json and .md.
 The JSON also has the SM clock, power and temperature (sampled by nvidia-smi) during each of our requests and
-over the script and the steady phases, to tell a clock drift from other causes.
+over the script and the steady phases, to tell a clock drift from other causes, and the Python garbage
+collections during each request (--gc off runs our worker with the collector disabled, for an A/B).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from engine_probe import script_params
 from gpu_bench import TEXT, _patch_tf5_rope, checkpoint
 from real_length_script import FPS, script
-from timing import GpuClocks, gpu_tag, percentile, run_fresh
+from timing import GcPauses, GpuClocks, gpu_tag, percentile, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 STEADY_TEXT = TEXT  # the 250-frame bench's line
@@ -64,7 +65,9 @@ def _steady(run, frames_hi=200, frames_lo=50) -> tuple[float, dict]:
 # Workers (fresh subprocesses)
 
 
-def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int) -> dict:
+def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_mode: str = "default") -> dict:
+    import gc
+
     import torch
 
     sys.path.insert(0, str(engine_root))
@@ -100,20 +103,25 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int) -> d
         assert n == frames, (n, frames)
         return {"frames": frames, "wall_s": wall, "first_s": first, **extra}
 
+    if gc_mode == "off":  # an A/B against the collector: none runs from here to the end of the process
+        gc.collect()
+        gc.disable()
     rows = []
-    with GpuClocks() as clocks:  # does the frame speed drift with the SM clock? (script phase vs steady phase)
+    # does the frame speed drift with the SM clock (script phase vs steady phase)? do collections stop the loop?
+    with GpuClocks() as clocks, GcPauses() as pauses:
         t_script = time.perf_counter()
         for i, (lang, text, frames) in enumerate(script()):
             t0 = time.perf_counter()
             rows.append({"language": lang, **one(lang, text, frames, seed=i)})
-            rows[-1]["clocks"] = clocks.during(t0, time.perf_counter())
+            t1 = time.perf_counter()
+            rows[-1]["clocks"], rows[-1]["gc"] = clocks.during(t0, t1), pauses.during(t0, t1)
             print(json.dumps(rows[-1]), flush=True)
         t_steady = time.perf_counter()
         steady, steady_walls = _steady(lambda n: one("English", STEADY_TEXT, n, seed=0)["wall_s"])
         phases = {"script": clocks.during(t_script, t_steady), "steady": clocks.during(t_steady, time.perf_counter())}
     out = {"engine": "ours", "mode": mode, "takes": takes, "load_s": load_s, "info": eng.info.summary(),
            "notes": eng.info.notes, "rows": rows, **summarise(rows, steady, takes), "steady_walls_s": steady_walls,
-           "clocks": phases}
+           "clocks": phases, "gc_mode": gc_mode}
     graphs = getattr(eng.runner, "graphs", {})
     out["frame_graphs"] = [list(k) for k in graphs]
     if eng.codec_graphs is not None:
@@ -223,9 +231,11 @@ def main() -> None:
     ap.add_argument("--skip-faster", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--name", default="", help="file name suffix (default: the GPU's short name)")
+    ap.add_argument("--gc", default="default", choices=("default", "off"),
+                    help="off: our worker runs the script with Python's garbage collector disabled (an A/B)")
     args = ap.parse_args()
     if args.worker == "ours":
-        print(json.dumps(worker_ours(args.ckpt, args.mode, args.engine_root, args.first_chunk)))
+        print(json.dumps(worker_ours(args.ckpt, args.mode, args.engine_root, args.first_chunk, args.gc)))
         return
     if args.worker == "faster":
         print(json.dumps(worker_faster(args.ckpt, args.mode)))
@@ -253,7 +263,7 @@ def main() -> None:
         ckpt = checkpoint(size)
         runs = results[f"{size} CustomVoice"] = []
         for mode in args.modes if not args.skip_ours else ():
-            extra = ["--engine-root", str(args.engine_root), "--first-chunk", str(args.first_chunk)]
+            extra = ["--engine-root", str(args.engine_root), "--first-chunk", str(args.first_chunk), "--gc", args.gc]
             r = run_worker(["--worker", "ours", "--ckpt", str(ckpt), "--mode", mode, *extra])
             r["label"] = args.label or "this pack"
             runs.append(r)

@@ -2,6 +2,7 @@
 the GPU's short name for result files, a worker run in a fresh process."""
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import subprocess
@@ -76,6 +77,38 @@ def run_fresh(script, args, timeout=None) -> dict:
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class GcPauses:
+    """Python's garbage collections while the `with` block runs (gc.callbacks): `during(t0, t1)` gives how many
+    started between two perf_counter times, their summed and longest pause and the oldest generation collected.
+    A collection stops every Python thread, the decode loop's included, while the GPU drains its queue."""
+
+    def __init__(self):
+        self.events: list[tuple[float, float, int]] = []  # (perf_counter at start, seconds, generation)
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._start = now
+        else:
+            self.events.append((self._start, now - self._start, info["generation"]))
+
+    def __enter__(self):
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self)
+        return False
+
+    def during(self, t0: float, t1: float) -> dict:
+        got = [e for e in self.events if t0 <= e[0] <= t1]
+        if not got:
+            return {"collections": 0}
+        return {"collections": len(got), "ms": round(1000 * sum(e[1] for e in got), 3),
+                "longest_ms": round(1000 * max(e[1] for e in got), 3), "oldest_generation": max(e[2] for e in got)}
 
 
 class GpuClocks:
