@@ -8,7 +8,9 @@ bit torch's CUDA result: measured on an H200 (bench/codec_piece_bench.py --snake
 elements differ by one ulp of the output (fp32: <= 9.5e-7; bf16: one bf16 ulp); the rest are equal. Under
 the interpreter (CPU tests) bf16 matches torch's CPU expression exactly.
 
-freq = exp(alpha) and inv_mag = 1 / (exp(beta) + 1e-9) come precomputed in x.dtype (SnakeBeta.params).
+freq = exp(alpha) and inv_mag = 1 / (exp(beta) + 1e-9) come precomputed in x.dtype (SnakeBeta.params). An
+optional per-channel bias (the previous conv's, which then leaves it out) is added first and rounded where
+torch's add rounds. The activations are time-major [B, L, C] (the decoder's layout).
 """
 from __future__ import annotations
 
