@@ -258,6 +258,36 @@ def test_load_state_dict_into(tmp_path):
     assert isinstance(toy.lin.weight, nn.Parameter)
 
 
+def test_load_state_dict_into_keeps_the_modules_layout(tmp_path, tiny_checkpoints):
+    """A parameter the module stores in its own strides (the codec decoder's conv weights, channels fastest, so
+    cuDNN needs no layout conversion per call) keeps them when the file's tensor replaces it; the values are
+    the file's."""
+    from engine.checkpoint.loader import materialize
+    from engine.codec.config import CodecConfig
+    from engine.codec.decoder import CausalConv1d, CausalConvTranspose1d, CodecDecoder
+
+    f = _toy_file(tmp_path / "w.safetensors")
+    with torch.device("meta"):
+        toy = _Toy()
+        toy.lin.weight = nn.Parameter(torch.empty(4, 3).t())  # [3, 4] stored column-major
+    load_state_dict_into(toy, f, "m.", torch.float32, "cpu")
+    assert toy.lin.weight.stride() == (1, 3)
+    assert torch.equal(toy.lin.weight, load_file(str(f))["m.lin.weight"])
+
+    codec_dir = tiny_checkpoints["custom_voice"] / "speech_tokenizer"
+    cfg = CodecConfig.from_file(codec_dir / "config.json")
+    dec = materialize(lambda: CodecDecoder(cfg.decoder), torch.device("cpu"), torch.float32,
+                      codec_dir / "model.safetensors", "decoder.")
+    convs = [m.conv for m in dec.modules() if isinstance(m, (CausalConv1d, CausalConvTranspose1d))]
+    ref = load_file(str(codec_dir / "model.safetensors"))
+    names = {id(p): n for n, p in dec.named_parameters()}
+    assert convs
+    for conv in convs:
+        w = conv.weight
+        assert w.transpose(1, 2).is_contiguous(), (names[id(w)], w.stride())  # stored [A, k, B]: dim 1 fastest
+        assert torch.equal(w, ref["decoder." + names[id(w)]])
+
+
 def test_reader_errors(tmp_path, tiny_checkpoints):
     with pytest.raises(CheckpointError, match=r"m\.lin\.bias") as e:
         load_state_dict_into(_Toy(), _toy_file(tmp_path / "a.safetensors", **{"m.lin.bias": None}), "m.")
