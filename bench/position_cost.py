@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine_probe import load_captured, seat
+from timing import best_of, mean_gpu_ms
 
 REPLAYS = 16
 
@@ -37,19 +38,11 @@ def positions(window: int, step: int) -> list:
 @torch.inference_mode()
 def frame_ms(runner, batch: int, window: int, pos: int) -> float:
     """GPU ms a frame of the (batch, window) graph replayed REPLAYS times from position pos (best of 3)."""
-    best = float("inf")
-    for _ in range(3):
+    def once(_):
         seat(runner, batch, pos)
-        graph = runner._graph(window)  # the seated batch's graph (captured at load)
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(REPLAYS):
-            graph.replay()
-        b.record()
-        b.synchronize()
-        best = min(best, a.elapsed_time(b) / REPLAYS)
-    return best
+        return mean_gpu_ms(runner._graph(window).replay, REPLAYS, warm=False)  # the seated batch's graph
+
+    return best_of(once)
 
 
 def main() -> None:

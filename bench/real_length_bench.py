@@ -82,7 +82,6 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     if first_chunk:
         stream_kw["first_chunk_frames"] = first_chunk
 
-
     def one(lang, text, frames, seed):
         req = Request(mode="custom", text=text, language=lang, speaker=SPEAKER)
         t0 = time.perf_counter()

@@ -22,12 +22,13 @@ def percentile(xs, q):
     return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
 
 
-def mean_gpu_ms(fn, repeats: int = 20) -> float:
-    """Mean GPU milliseconds of fn() called back to back `repeats` times (one warm call first; CUDA events
-    around the run, so host launch time between calls counts only where the GPU waits for it)."""
+def mean_gpu_ms(fn, repeats: int = 20, warm: bool = True) -> float:
+    """Mean GPU milliseconds of fn() called back to back `repeats` times (one warm call first unless warm is
+    False; CUDA events around the run, so host launch time between calls counts only where the GPU waits for it)."""
     import torch
 
-    fn()
+    if warm:
+        fn()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()

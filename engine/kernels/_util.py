@@ -10,10 +10,6 @@ def next_pow2(n: int) -> int:
     return 1 << (int(n) - 1).bit_length()
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def warps_for(block: int) -> int:
     return 1 if block <= 128 else 2 if block <= 512 else 4 if block <= 2048 else 8
 

@@ -19,7 +19,7 @@ import functools
 import torch
 
 from . import interpreting
-from ._util import cdiv, require
+from ._util import require
 from .pdl import launch_options
 
 triton = tl = _sin = _round = _to_fp32 = _pdl_enter = None  # bound on first use by _kernel()
@@ -108,7 +108,7 @@ def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torc
     if n:
         block_c = 64 if c % 64 == 0 else 32
         block_t = TILE // block_c
-        grid = (cdiv(b * length, block_t), cdiv(c, block_c))
+        grid = (-(-b * length // block_t), -(-c // block_c))
         _kernel()[grid](x, freq, inv_mag, freq if bias is None else bias, out, b * length, length, c, x.stride(0),
                         BLOCK_T=block_t, BLOCK_C=block_c, HAS_BIAS=bias is not None,
                         EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(), num_warps=4,
