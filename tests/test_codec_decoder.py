@@ -432,3 +432,29 @@ def test_folded_dilated_conv_is_the_dilated_conv(dilation):
         x[:, : conv.left] = 0  # the zero left padding that forward() adds without a state
         want = conv.conv(x.transpose(1, 2).contiguous()).transpose(1, 2)
         assert (conv(x[:, conv.left:]) - want).abs().max().item() <= 1e-12, n  # the unfolded path (CPU)
+
+
+@pytest.mark.parametrize("dilation", [3, 9])
+def test_folded_conv_on_a_padded_window_is_the_dilated_conv(dilation):
+    """What CUDA runs for a residual unit's dilated conv, chunk after chunk: _window lays out the conv's input as
+    [the state's tail | SnakeBeta(x) | zero rows up to a multiple of d] (one Triton launch there) and _folded
+    keeps the real outputs; together they equal the one-pass dilated conv of the activation."""
+    from engine.codec.decoder import CausalConv1d, DecodeState, SnakeBeta, _window
+
+    torch.manual_seed(dilation)
+    conv = CausalConv1d(6, 5, 7, dilation=dilation).double()
+    act = SnakeBeta(6).double()
+    with torch.no_grad():
+        act.alpha.normal_(0.0, 0.5)
+        act.beta.normal_(0.0, 0.5)
+    x = torch.randn(2, 50, 6, dtype=torch.float64)
+    with torch.inference_mode():
+        want = conv(x, act=act)  # CPU: the unfolded dilated conv, one pass
+        state, outs = DecodeState(), []
+        for lo, hi in ((0, 1), (1, 5), (5, 21), (21, 50)):
+            window = _window(conv, x[:, lo:hi], conv.left, state, act, None, dilation)
+            assert window.shape[1] % dilation == 0 and window.shape[1] >= conv.left + hi - lo
+            outs.append(conv._folded(window, conv.conv.bias, hi - lo))
+        context = torch.cat([x.new_zeros(2, conv.left, 6), act(x)], dim=1)[:, -conv.left:]
+    assert (torch.cat(outs, dim=1) - want).abs().max().item() <= 1e-12
+    assert torch.equal(state.tails[conv], context)  # the last `left` rows of the activated input

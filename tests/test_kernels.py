@@ -78,6 +78,9 @@ def test_snake(dtype, b, c, length):
     st.check_snake(DEV, dtype, b, c, length, seed=b + c + length)
     st.check_snake(DEV, dtype, b, c, length, seed=b + c + length, row_pad=3)  # rows at a stride
     st.check_snake(DEV, dtype, b, c, length, seed=b + c + length, bias=True)  # a conv's bias fused
+    # a causal conv's input window: the state's tail (or zeros) in front, zero rows up to the folded grid
+    st.check_snake(DEV, dtype, b, c, length, seed=b + c + length, keep=6, tail=True, pad=2, bias=True)
+    st.check_snake(DEV, dtype, b, c, length, seed=b + c + length, keep=54, pad=(-(54 + length)) % 9, row_pad=3)
 
 
 def test_snake_in_the_codec_decoder():

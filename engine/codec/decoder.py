@@ -71,19 +71,31 @@ class DecodeState:
             dst.copy_(src)
 
 
-def _with_tail(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState | None) -> torch.Tensor:
-    """Prepend `keep` samples of left context to x [B, L, C] (zeros at the start) and remember the new last
-    `keep`."""
-    if keep == 0:
-        return x
-    if state is None:
-        return F.pad(x, (0, 0, keep, 0))
-    tail = state.tails.get(module)
-    if tail is None:
-        tail = state.tails[module] = x.new_zeros(x.shape[0], keep, x.shape[2])
-    x = torch.cat([tail, x], dim=1)
-    tail.copy_(x[:, x.shape[1] - keep:])  # in place: a captured graph keeps reading this buffer
-    return x
+def _window(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState | None, act: SnakeBeta | None = None,
+            bias: torch.Tensor | None = None, multiple: int = 1) -> torch.Tensor:
+    """x [B, L, C] as a causal conv's input [B, keep + L + pad, C]: `keep` rows of left context in front (the
+    state's tail; zeros at the start or without a state), then x, or act(x + bias) when an activation is given,
+    then `pad` zero rows up to a multiple of `multiple` (the folded conv's grid). With a state, the tail
+    becomes the last `keep` rows of context and x.
+
+    With an activation on CUDA the Triton SnakeBeta writes this whole window in one launch: no cat with the
+    tail and no zero padding afterwards, each a full read and write of the activation."""
+    b, n, c = x.shape
+    pad = (-(keep + n)) % multiple
+    tail = None
+    if state is not None and keep:
+        tail = state.tails.get(module)
+        if tail is None:
+            tail = state.tails[module] = x.new_zeros(b, keep, c)
+    if act is not None:
+        out = act(x, bias=bias, keep=keep, tail=tail, pad=pad)
+    elif tail is None:
+        out = F.pad(x, (0, 0, keep, pad)) if keep or pad else x
+    else:
+        out = torch.cat([tail, x] + ([x.new_zeros(b, pad, c)] if pad else []), dim=1)
+    if tail is not None:
+        tail.copy_(out[:, n: n + keep])  # in place: a captured graph keeps reading this buffer
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -135,28 +147,32 @@ class CausalConv1d(nn.Module):
         self.conv.weight = _channels_fastest(self.conv.weight)
         self.left = (kernel_size - 1) * dilation
 
-    def forward(self, x: torch.Tensor, state: DecodeState | None = None, with_bias: bool = True) -> torch.Tensor:
-        """x [B, L, C] -> [B, L, O]. with_bias=False leaves the bias out (the caller adds it, fused)."""
-        x = _with_tail(self, x, self.left, state)
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None, with_bias: bool = True,
+                act: SnakeBeta | None = None, act_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, L, C] -> [B, L, O]. with_bias=False leaves the bias out (the caller adds it, fused). act: the
+        SnakeBeta in front of this conv (of x + act_bias), run as part of building the input window."""
+        n = x.shape[1]
         conv = self.conv
+        fold = FOLD_DILATED_CONVS and x.is_cuda and conv.dilation[0] > 1 and conv.groups == 1
+        x = _window(self, x, self.left, state, act, act_bias, conv.dilation[0] if fold else 1)
         bias = conv.bias if with_bias else None
         if conv.kernel_size[0] == 1 and conv.groups == 1:  # a 1x1 conv is a matmul over time-major rows
             return F.linear(x, conv.weight.squeeze(-1), bias)
         if conv.groups > 1:  # depthwise (ConvNeXt): on [B, C, L] (see the note above FOLD_DILATED_CONVS)
             y = F.conv1d(x.transpose(1, 2).contiguous(), conv.weight, bias, groups=conv.groups)
             return y.transpose(1, 2).contiguous()
-        if FOLD_DILATED_CONVS and x.is_cuda and conv.dilation[0] > 1:
-            return self._folded(x, bias)
+        if fold:
+            return self._folded(x, bias, n)
         y = F.conv2d(_as_nchw(x), conv.weight.unsqueeze(2), bias, dilation=(1, conv.dilation[0]))
         return _as_nlc(y)
 
-    def _folded(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _folded(self, x: torch.Tensor, bias: torch.Tensor | None, n: int | None = None) -> torch.Tensor:
         """The dilated conv as a (k, 1) conv of x [B, L, C] viewed as [B, L / d, d, C] (zero-padded at the end
-        to a multiple of d), i.e. a channels-last [B, C, L / d, d]: output t = h * d + w sums x[t + j * d] over
-        taps j, exactly the dilated conv's terms; the outputs past the real length are dropped (a slice of
-        time, no copy)."""
+        to a multiple of d, unless _window already did), i.e. a channels-last [B, C, L / d, d]: output
+        t = h * d + w sums x[t + j * d] over taps j, exactly the dilated conv's terms; the n real outputs are
+        kept (a slice of time, no copy). n: the real length, when x carries _window's end padding."""
         d = self.conv.dilation[0]
-        n = x.shape[1] - self.left
+        n = x.shape[1] - self.left if n is None else n
         pad = (-x.shape[1]) % d
         if pad:
             x = F.pad(x, (0, 0, 0, pad))
@@ -184,12 +200,13 @@ class CausalConvTranspose1d(nn.Module):
         y = F.conv_transpose2d(_as_nchw(x), self.conv.weight.unsqueeze(2), self.conv.bias, stride=(1, self.stride))
         return _as_nlc(y)
 
-    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        """x [B, L, C] -> [B, L * stride, O]."""
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None, act: SnakeBeta | None = None
+                ) -> torch.Tensor:
+        """x [B, L, C] -> [B, L * stride, O]; act: the SnakeBeta in front (fused into the input window)."""
         n = x.shape[1]
         if state is None:
-            return self._run(x)[:, : n * self.stride]
-        x = _with_tail(self, x, self.context, state)
+            return self._run(x if act is None else act(x))[:, : n * self.stride]
+        x = _window(self, x, self.context, state, act)
         start = self.context * self.stride
         return self._run(x)[:, start: start + n * self.stride]
 
@@ -230,17 +247,23 @@ class SnakeBeta(nn.Module):
                 self._params = (key, self.alpha.exp(), 1.0 / (self.beta.exp() + 1e-9))
         return self._params[1], self._params[2]
 
-    def forward(self, x: torch.Tensor, state: DecodeState | None = None, bias: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None, bias: torch.Tensor | None = None,
+                keep: int = 0, tail: torch.Tensor | None = None, pad: int = 0) -> torch.Tensor:
         """x [B, L, C]; `bias` [C]: the previous conv's bias, added here (one launch fewer, and one pass less
-        over the activation, when the Triton kernel runs; the same values either way)."""
+        over the activation, when the Triton kernel runs; the same values either way). keep / tail / pad: the
+        result as the next causal conv's input window (_window), [B, keep + L + pad, C]."""
         freq, inv_mag = self.params()
         ks = self.kernels
-        if ks is not None and "snake" in ks.active and x.is_cuda and x.numel() < 2 ** 30:  # int32 offsets
-            return ks.snake(x, freq, inv_mag, bias)
+        b, n, c = x.shape
+        if ks is not None and "snake" in ks.active and x.is_cuda and b * (keep + n + pad) * c < 2 ** 30:  # int32
+            return ks.snake(x, freq, inv_mag, bias, keep=keep, tail=tail, pad=pad)
         if bias is not None:
             x = x + bias
-        return x + inv_mag * torch.sin(x * freq).pow(2)
+        y = x + inv_mag * torch.sin(x * freq).pow(2)
+        if not (keep or pad):
+            return y
+        front = tail if tail is not None else y.new_zeros(b, keep, c)
+        return torch.cat([front, y] + ([y.new_zeros(b, pad, c)] if pad else []), dim=1)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -271,7 +294,7 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        h = self.conv1(self.act1(x), state, with_bias=False)  # its bias goes into act2's launch
+        h = self.conv1(x, state, with_bias=False, act=self.act1)  # its bias goes into act2's launch
         return x + self.conv2(self.act2(h, bias=self.conv1.conv.bias), state)
 
 
@@ -284,8 +307,10 @@ class WaveBlock(nn.Module):
         self.block = nn.ModuleList([SnakeBeta(in_dim), CausalConvTranspose1d(in_dim, out_dim, 2 * rate, rate), *units])
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        for layer in self.block:
-            x = layer(x, state)
+        act, upsample, *units = self.block
+        x = upsample(x, state, act=act)  # the activation writes the transposed conv's input window
+        for unit in units:
+            x = unit(x, state)
         return x
 
 
@@ -522,6 +547,8 @@ class CodecDecoder(nn.Module):
         for stage in self.upsample:
             for layer in stage:
                 h = layer(h, state)
-        for layer in self.decoder:
+        *body, act, out_conv = self.decoder
+        for layer in body:
             h = layer(h, state)
+        h = out_conv(h, state, act=act)  # the last SnakeBeta writes the output conv's input window
         return h.clamp(-1.0, 1.0).squeeze(2)

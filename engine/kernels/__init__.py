@@ -129,8 +129,9 @@ class Kernels:
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         return self._run("sample", "sample", "reference", logits, do_sample, temperature, k_index, top_p, **kw)
 
-    def snake(self, x, freq, inv_mag, bias=None):
-        return self._run("snake", "snake", "reference", x, freq, inv_mag, bias)
+    def snake(self, x, freq, inv_mag, bias=None, **window):
+        """window: keep / tail / pad, the result laid out as the next causal conv's input (snake.py)."""
+        return self._run("snake", "snake", "reference", x, freq, inv_mag, bias, **window)
 
 
 def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:

@@ -54,19 +54,26 @@ def check_rms_norm(device, dtype, m, n, seed=0):
 SNAKE_SHAPES = [(1536, 4), (768, 32), (384, 160), (192, 640), (96, 1920), (1536, 128), (96, 61440)]
 
 
-def check_snake(device, dtype, b, c, length, seed=0, row_pad=0, bias=False):
+def check_snake(device, dtype, b, c, length, seed=0, row_pad=0, bias=False, keep=0, tail=False, pad=0):
     """SnakeBeta: every step rounds where torch's expression rounds, so only the sine may differ (an ulp).
     x is time-major [B, L, C]; row_pad > 0: x is a slice of time (batch rows at a stride of (length + row_pad) * C),
-    as after a folded conv; bias: a per-channel bias added first (a conv's, fused into the activation)."""
+    as after a folded conv; bias: a per-channel bias added first (a conv's, fused into the activation).
+    keep / tail / pad: the result as a causal conv's input window, `keep` rows of context in front (a random
+    tail, or zeros) and `pad` zero rows after; the context rows must be the tail's exactly."""
     from . import snake as k
 
     x = _rand((b, length + row_pad, c), dtype, device, seed, 3.0)[:, :length]
     freq = _rand((c,), torch.float32, "cpu", seed + 1, 0.5).exp().to(dtype).to(device)
     inv_mag = (1.0 / (_rand((c,), torch.float32, "cpu", seed + 2, 0.5).exp() + 1e-9)).to(dtype).to(device)
     add = _rand((c,), dtype, device, seed + 3, 1.0) if bias else None  # a conv's bias, fused (bias=True)
-    got, want = k.snake(x, freq, inv_mag, add), k.reference(x, freq, inv_mag, add)
-    _verdict(got.shape == want.shape and got.dtype == want.dtype, f"snake shape/dtype {got.shape} {got.dtype}")
-    _close(got, want, TOL[dtype], f"snake {dtype} B={b} C={c} L={length} bias={bias}")
+    ctx = _rand((b, keep, c), dtype, device, seed + 4, 2.0) if tail else None
+    window = {"keep": keep, "tail": ctx, "pad": pad}
+    got, want = k.snake(x, freq, inv_mag, add, **window), k.reference(x, freq, inv_mag, add, **window)
+    _verdict(got.shape == want.shape == (b, keep + length + pad, c) and got.dtype == want.dtype,
+             f"snake shape/dtype {got.shape} {got.dtype}")
+    _verdict(torch.equal(got[:, :keep], want[:, :keep]) and not got[:, keep + length:].any(),
+             f"snake window: context rows are the tail's, padding rows zero (keep={keep}, pad={pad})")
+    _close(got, want, TOL[dtype], f"snake {dtype} B={b} C={c} L={length} bias={bias} keep={keep} pad={pad}")
     return (got.float() - want.float()).abs().max().item()
 
 

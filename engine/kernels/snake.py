@@ -11,6 +11,10 @@ the interpreter (CPU tests) bf16 matches torch's CPU expression exactly.
 freq = exp(alpha) and inv_mag = 1 / (exp(beta) + 1e-9) come precomputed in x.dtype (SnakeBeta.params). An
 optional per-channel bias (the previous conv's, which then leaves it out) is added first and rounded where
 torch's add rounds. The activations are time-major [B, L, C] (the decoder's layout).
+
+The launch can also write its result straight into the next causal conv's input window: the previous chunk's
+last rows (the conv state's tail) in front, zero rows after up to the folded conv's multiple. That replaces the
+torch.cat with the tail and the zero padding, each a full read and write of the activation.
 """
 from __future__ import annotations
 
@@ -27,13 +31,20 @@ triton = tl = _sin = _round = _to_fp32 = _pdl_enter = None  # bound on first use
 TILE = 2048  # elements a program (4 warps, 16 per thread): 32 or 64 channels x 64 or 32 time steps
 
 
-def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torch.Tensor | None = None
-              ) -> torch.Tensor:
+def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torch.Tensor | None = None,
+              *, keep: int = 0, tail: torch.Tensor | None = None, pad: int = 0) -> torch.Tensor:
     """x [B, L, C] (time-major, the codec decoder's layout); freq, inv_mag [C] in x.dtype: SnakeBeta's torch
-    expression; with `bias` [C], of x + bias (rounded to x.dtype first, as the conv's own bias add rounds)."""
+    expression; with `bias` [C], of x + bias (rounded to x.dtype first, as the conv's own bias add rounds).
+    keep / tail / pad: the result with `keep` rows of context in front (tail [B, keep, C], or zeros) and `pad`
+    zero rows after, [B, keep + L + pad, C]: the next causal conv's input."""
     if bias is not None:
         x = x + bias
-    return x + inv_mag * torch.sin(x * freq).pow(2)
+    y = x + inv_mag * torch.sin(x * freq).pow(2)
+    if not (keep or pad):
+        return y
+    b, _, c = y.shape
+    front = tail if tail is not None else y.new_zeros(b, keep, c)
+    return torch.cat([front, y, y.new_zeros(b, pad, c)], dim=1)
 
 
 @functools.cache
@@ -64,19 +75,24 @@ def _kernel():
         """v rounded to the activation dtype, back in fp32 (where torch's expression rounds)."""
         return _round(v, dt, EMULATE_RNE).to(tl.float32)
 
-    @triton.jit(do_not_specialize=["rows", "L", "C", "stride_batch"])  # one compile serves every shape
-    def snake_kernel(x_ptr, freq_ptr, inv_ptr, bias_ptr, out_ptr, rows, L, C, stride_batch,
-                     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    @triton.jit(do_not_specialize=["rows", "L", "C", "stride_batch", "keep", "L_out"])  # one compile, any shape
+    def snake_kernel(x_ptr, freq_ptr, inv_ptr, bias_ptr, tail_ptr, out_ptr, rows, L, C, stride_batch, keep, L_out,
+                     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_TAIL: tl.constexpr,
                      EMULATE_RNE: tl.constexpr, PDL: tl.constexpr):
-        """A [BLOCK_T time steps, BLOCK_C channels] tile: the channel parameters load once per tile and the
-        batch row once per time step (a per-element divide and modulo made the 1-D version instruction-bound)."""
+        """A [BLOCK_T time steps, BLOCK_C channels] tile of out [B, L_out, C]: per batch row, `keep` rows of
+        context (the tail, already activated; zeros without one), then the L activated rows of x, then zeros.
+        The channel parameters load once per tile and the batch row once per time step (a per-element divide
+        and modulo made the 1-D version instruction-bound)."""
         _pdl_enter(PDL)
-        r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # b * L + t
+        r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # b * L_out + t
         ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
         r_ok, ch_ok = r < rows, ch < C
-        b = r // L
-        src = (b * stride_batch + (r - b * L) * C)[:, None] + ch[None, :]
-        mask = r_ok[:, None] & ch_ok[None, :]
+        b = r // L_out
+        t = r - b * L_out
+        tx = t - keep  # the row of x, where 0 <= tx < L
+        in_x = r_ok & (tx >= 0) & (tx < L)
+        src = (b * stride_batch + tx * C)[:, None] + ch[None, :]
+        mask = in_x[:, None] & ch_ok[None, :]
         dt: tl.constexpr = out_ptr.dtype.element_ty
         xf = tl.load(x_ptr + src, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:  # the conv's bias, added and rounded where torch's add would round it
@@ -85,32 +101,44 @@ def _kernel():
         m = tl.load(inv_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :]
         s = _to_fp32(_sin(_to_fp32(xf * f, dt, EMULATE_RNE)), dt, EMULATE_RNE)  # sin(x * freq), rounded as torch
         y = _to_fp32(m * _to_fp32(s * s, dt, EMULATE_RNE), dt, EMULATE_RNE)  # inv_mag * sin^2
-        tl.store(out_ptr + r[:, None] * C + ch[None, :], _round(xf + y, dt, EMULATE_RNE), mask=mask)
+        val = tl.where(mask, _round(xf + y, dt, EMULATE_RNE), 0.0)  # context rows and end padding: zero
+        if HAS_TAIL:  # the previous chunk's last `keep` rows, [B, keep, C] contiguous
+            in_tail = (r_ok & (t < keep))[:, None] & ch_ok[None, :]
+            ctx = tl.load(tail_ptr + (b * keep + t)[:, None] * C + ch[None, :], mask=in_tail, other=0.0)
+            val = tl.where(in_tail, ctx, val)
+        tl.store(out_ptr + r[:, None] * C + ch[None, :], val.to(dt), mask=r_ok[:, None] & ch_ok[None, :])
 
     return snake_kernel
 
 
 def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torch.Tensor | None = None,
-          pdl: bool = False) -> torch.Tensor:
+          pdl: bool = False, *, keep: int = 0, tail: torch.Tensor | None = None, pad: int = 0) -> torch.Tensor:
     """x [B, L, C] (time-major; each batch row's L * C values contiguous, at any batch stride, e.g. a slice of
     time; anything else is made contiguous); freq, inv_mag and the optional bias [C] contiguous, x.dtype -> a
-    new contiguous [B, L, C]."""
+    new contiguous [B, L, C].
+
+    keep / tail / pad lay the result out as the next causal conv's input (window_reference), in the same launch:
+    [B, keep + L + pad, C] with the tail [B, keep, C] (zeros when None) in front and `pad` zero rows after."""
     b, length, c = x.shape
     params = (freq, inv_mag) if bias is None else (freq, inv_mag, bias)
     require(all(t.shape == (c,) and t.is_contiguous() for t in params),
             f"snake params must be contiguous [{c}], got {[tuple(t.shape) for t in params]}")
     require(all(t.dtype == x.dtype for t in params), "snake params must have the activation's dtype")
-    n = x.numel()
-    require(n < 2 ** 31, f"snake input of {n} elements overflows int32 offsets")
+    require(tail is None or (tail.shape == (b, keep, c) and tail.is_contiguous() and tail.dtype == x.dtype),
+            f"snake tail must be a contiguous [{b}, {keep}, {c}] of the activation's dtype")
+    length_out = keep + length + pad
+    n = b * length_out * c
+    require(max(n, x.numel()) < 2 ** 31, f"snake output of {n} elements overflows int32 offsets")
     if not (x.stride(2) == 1 and x.stride(1) == c):
         x = x.contiguous()
-    out = torch.empty(b, length, c, dtype=x.dtype, device=x.device)
+    out = torch.empty(b, length_out, c, dtype=x.dtype, device=x.device)
     if n:
         block_c = 64 if c % 64 == 0 else 32
         block_t = TILE // block_c
-        grid = (-(-b * length // block_t), -(-c // block_c))
-        _kernel()[grid](x, freq, inv_mag, freq if bias is None else bias, out, b * length, length, c, x.stride(0),
-                        BLOCK_T=block_t, BLOCK_C=block_c, HAS_BIAS=bias is not None,
+        grid = (-(-b * length_out // block_t), -(-c // block_c))
+        _kernel()[grid](x, freq, inv_mag, freq if bias is None else bias, out if tail is None else tail, out,
+                        b * length_out, length, c, x.stride(0), keep, length_out,
+                        BLOCK_T=block_t, BLOCK_C=block_c, HAS_BIAS=bias is not None, HAS_TAIL=tail is not None,
                         EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(), num_warps=4,
                         **launch_options(pdl))
     return out
