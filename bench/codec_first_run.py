@@ -6,7 +6,9 @@ Each variant runs in a fresh process on the 0.6B checkpoint's codec (bf16, CUDA)
 and the first masked attention of the process (library start-up), the first 1-frame decode, then each
 piece size decoded twice, eagerly. first - second is the per-shape set-up a load pays once per piece.
 Variants switch one suspect off: the cuDNN attention backend, cuDNN convolutions (no_cudnn: both), the Triton
-snake kernel. The first run of the 16-frame piece is profiled on the host: which ops pay the per-shape set-up.
+snake kernel. thread_first (the engine's settings) first decodes one frame and every piece on another thread, on
+its own state: what is left for this thread is what the libraries keep per thread (cuDNN's plans), the rest
+(library and kernel loading) is per process. The first run of the 16-frame piece is profiled on the host: which ops pay the per-shape set-up.
 Writes DIR/codec_first_run_<gpu>.json.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from timing import gpu_tag, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("default", "no_cudnn_sdp", "efficient_sdp_only", "no_cudnn_conv", "no_cudnn", "deterministic",
-            "no_snake_kernel")
+            "no_snake_kernel", "thread_first")
 SIZES = (32, 16, 8, 4, 2)
 PROFILED = 16  # the piece whose first run is profiled on the host (the profiler adds its own time)
 
@@ -39,7 +41,7 @@ def worker(ckpt: Path, variant: str) -> dict:
 
     dev = torch.device("cuda")
     torch.zeros(1, device=dev)
-    if variant in ("no_cudnn_sdp", "no_cudnn", "deterministic"):  # no_cudnn_sdp is what the engine runs (model.layers.sdpa)
+    if variant in ("no_cudnn_sdp", "no_cudnn", "deterministic", "thread_first"):  # no_cudnn_sdp is what the engine runs (model.layers.sdpa)
         torch.backends.cuda.enable_cudnn_sdp(False)
     if variant == "efficient_sdp_only":
         for name in ("cudnn", "flash", "math"):
@@ -71,6 +73,23 @@ def worker(ckpt: Path, variant: str) -> dict:
     q = torch.randn(1, 16, 8, 64, device=dev, dtype=torch.bfloat16)
     mask = torch.ones(8, 8, dtype=torch.bool, device=dev).tril()
     out["first_sdpa_ms"] = timed(lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=mask))
+    if variant == "thread_first":
+        import threading
+
+        def other_thread():
+            with torch.inference_mode():
+                other = DecodeState()
+                for size in (1,) + SIZES:
+                    dec(torch.zeros(1, cfg.decoder.num_quantizers, size, dtype=torch.long, device=dev), other,
+                        check=False)
+                torch.cuda.synchronize()
+
+        def on_thread():
+            th = threading.Thread(target=other_thread)
+            th.start()
+            th.join()
+
+        out["thread_decodes_ms"] = timed(on_thread)
     state = DecodeState()
     with torch.inference_mode():
         codes = torch.zeros(1, cfg.decoder.num_quantizers, 1, dtype=torch.long, device=dev)

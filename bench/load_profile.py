@@ -97,6 +97,7 @@ def worker(ckpt: Path, profile: bool) -> dict:
     timed(EngineClass, "_warmup", "warm-up request + precapture (_warmup)")
     timed(frame_graph.GraphedFrames, "precapture", "frame windows + prefill buckets (GraphedFrames.precapture)")
     timed(codec_graph.CodecGraphs, "precapture", "codec pieces (CodecGraphs.precapture)")
+    timed(codec_graph.CodecGraphs, "state", "codec state (its first call decodes a frame eagerly)")
 
     torch.cuda.init()
     torch.zeros(1, device="cuda")
