@@ -458,3 +458,35 @@ def test_folded_conv_on_a_padded_window_is_the_dilated_conv(dilation):
         context = torch.cat([x.new_zeros(2, conv.left, 6), act(x)], dim=1)[:, -conv.left:]
     assert (torch.cat(outs, dim=1) - want).abs().max().item() <= 1e-12
     assert torch.equal(state.tails[conv], context)  # the last `left` rows of the activated input
+
+
+def test_kept_merged_weights_follow_the_parameters():
+    """The transformer's merged q/k/v and gate/up weights and the quantizer's codeword tables are made once and
+    kept (decoder._derived): they follow an in-place write to a parameter (load_state_dict, copy_), and a move
+    or cast drops them (a released engine must not keep them in device memory)."""
+    from engine.checkpoint import presets
+    from engine.codec.config import CodecConfig
+    from engine.codec.decoder import CodecDecoder, SnakeBeta
+
+    torch.manual_seed(0)
+    dec = CodecDecoder(CodecConfig.from_dict(presets.codec_config("tiny")).decoder).eval()
+    codes = torch.randint(0, 2048, (1, 16, 5))
+    with torch.no_grad():
+        for p in dec.parameters():
+            p.normal_(0.0, 0.05)
+        before = dec(codes)
+        assert "_derived" in dec.pre_transformer.layers[0].self_attn.__dict__
+        assert "_derived" in dec.quantizer.rvq_rest.__dict__
+        state = {k: v.clone() for k, v in dec.state_dict().items()}
+        dec.pre_transformer.layers[0].self_attn.k_proj.weight.mul_(2.0)  # in place: the kept merge is stale
+        dec.quantizer.rvq_rest.vq.layers[3]._codebook.cluster_usage.add_(1.0)
+        changed = dec(codes)
+        rebuilt = CodecDecoder(dec.cfg).eval()
+        rebuilt.load_state_dict(dec.state_dict())  # nothing kept yet: made from these parameters
+        assert not torch.equal(changed, before) and torch.equal(changed, rebuilt(codes))
+        dec.load_state_dict(state)
+        assert torch.equal(dec(codes), before)
+        dec.double()
+        assert not any("_derived" in m.__dict__ for m in dec.modules())
+        assert all(m._params is None for m in dec.modules() if isinstance(m, SnakeBeta))
+        assert (dec(codes) - before.double()).abs().max().item() < 1e-3

@@ -98,6 +98,21 @@ def _window(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState | 
     return out
 
 
+def _derived(owner: nn.Module, name: str, params: list[torch.Tensor], make):
+    """make(*params), kept on `owner` until one of `params` changes (an in-place write bumps its version; .to()
+    gives it new storage). Made on every call where it cannot be kept: while autograd tracks a parameter, or
+    for inference tensors (made under torch.inference_mode, which keeps no version counter)."""
+    if any(p.is_inference() for p in params) or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+        return make(*params)
+    key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+    store = owner.__dict__.setdefault("_derived", {})  # dropped by CodecDecoder._apply (moves and casts)
+    kept = store.get(name)
+    if kept is None or kept[0] != key:
+        with torch.no_grad():
+            kept = store[name] = (key, make(*params))
+    return kept[1]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Convolutions and activations
 # ----------------------------------------------------------------------------------------------------
@@ -326,6 +341,29 @@ class LayerScale(nn.Module):
         return self.scale * x
 
 
+class _RMSNorm(RMSNorm):
+    """The transformer's RMSNorm as torch's one rms_norm op (fused on CUDA: 2 kernels instead of 8), then the
+    weight: the same rounding points as RMSNorm (normalised in fp32, rounded to x.dtype, then scaled; rms_norm
+    computes half-precision inputs in fp32 itself, a float64 input is normalised in fp32 as RMSNorm does)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float() if x.dtype == torch.float64 else x
+        return self.weight * F.rms_norm(x32, (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+
+def _merged_rows(owner: nn.Module, name: str, linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The linears' weights (and biases) stacked by output rows, made once and kept (_derived): one matmul
+    computes every output row as the separate ones do."""
+    biases = [lin.bias for lin in linears if lin.bias is not None]
+    params = [lin.weight for lin in linears] + biases
+    n = len(linears)
+
+    def make(*ps):
+        return torch.cat(ps[:n]), (torch.cat(ps[n:]) if len(ps) > n else None)
+
+    return _derived(owner, name, params, make)
+
+
 class SlidingAttention(nn.Module):
     """Causal self-attention in which frame i sees frames i - window + 1 .. i (RoPE, no q/k norm)."""
 
@@ -342,10 +380,12 @@ class SlidingAttention(nn.Module):
     def forward(self, x, cos, sin, mask, state: DecodeState | None = None) -> torch.Tensor:
         """`mask` [n, keys] from SlidingTransformer.mask (keys = n, or window - 1 + n with a state)."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        h, hk = self.heads, self.kv_heads
+        weight, bias = _merged_rows(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
+        qkv = F.linear(x, weight, bias).view(b, n, h + 2 * hk, self.head_dim)  # q, k, v in one matmul
+        qk = apply_rope(qkv[:, :, : h + hk], cos[:, None], sin[:, None])  # RoPE on q and k in one pass
+        q, k = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2)
+        v = qkv[:, :, h + hk:].transpose(1, 2)
         if state is not None:  # fixed-size past: the last window - 1 keys (zeros before frame 0, masked)
             past = state.kv.get(self)
             if past is None:
@@ -367,14 +407,22 @@ class TransformerLayer(nn.Module):
         super().__init__()
         self.self_attn = SlidingAttention(cfg)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU with gate and up in one matmul."""
+        mlp = self.mlp
+        weight, _ = _merged_rows(self, "_gate_up", [mlp.gate_proj, mlp.up_proj])
+        gate_up = F.linear(x, weight)
+        inter = gate_up.shape[-1] // 2
+        return mlp.down_proj(F.silu(gate_up[..., :inter]) * gate_up[..., inter:])
+
     def forward(self, x, cos, sin, mask, state: DecodeState | None = None) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, state))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+        return x + self.mlp_layer_scale(self._mlp(self.post_attention_layernorm(x)))
 
 
 class SlidingTransformer(nn.Module):
@@ -383,7 +431,7 @@ class SlidingTransformer(nn.Module):
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
@@ -461,12 +509,24 @@ class ResidualGroup(nn.Module):
         self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
         self.vq = _CodebookList(count, size, dim)
 
+    def _codewords(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(every codebook's vectors stacked [count * size, dim], each codebook's offset in it [count, 1]), kept
+        (_derived): embedding_sum / max(cluster_usage, 1e-5), the same division per element as Codebook.lookup."""
+        books = [slot._codebook for slot in self.vq.layers]
+        count = len(books)
+
+        def make(*ps):
+            table = torch.cat([s / u.clamp(min=1e-5)[:, None] for s, u in zip(ps[:count], ps[count:])])
+            offsets = torch.arange(count, device=table.device)[:, None] * books[0].embedding_sum.shape[0]
+            return table, offsets
+
+        return _derived(self, "_table", [b.embedding_sum for b in books] + [b.cluster_usage for b in books], make)
+
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, K, T] -> [B, T, io_dim] (time-major)."""
-        total = None
-        for i, slot in enumerate(self.vq.layers):
-            vec = slot._codebook.lookup(codes[:, i])
-            total = vec if total is None else total + vec
+        """codes [B, K, T] -> [B, T, io_dim] (time-major): the K lookups in one embedding, summed in one op."""
+        table, offsets = self._codewords()
+        vectors = F.embedding(codes + offsets, table)  # [B, K, T, dim]
+        total = vectors[:, 0] if vectors.shape[1] == 1 else vectors.sum(1)
         return F.linear(total, self.output_proj.weight.squeeze(-1))  # the 1x1 conv on [B, T, dim]
 
 
@@ -508,6 +568,15 @@ class CodecDecoder(nn.Module):
         out_dim = cfg.decoder_dim >> len(cfg.upsample_rates)
         stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
         self.decoder = nn.ModuleList(stages)
+
+    def _apply(self, fn, recurse=True):
+        """Moves and casts (.to, .cpu, .half...) drop what _derived kept for the old parameters: kept, it would
+        hold device memory after Engine.release() moved the weights to the CPU."""
+        for m in self.modules():
+            m.__dict__.pop("_derived", None)
+            if isinstance(m, SnakeBeta):
+                m._params = None
+        return super()._apply(fn, recurse)
 
     def use_kernels(self, kernels) -> None:
         """Run the SnakeBeta activations through `kernels` (an engine.kernels.Kernels table; its "snake"
