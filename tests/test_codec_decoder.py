@@ -490,3 +490,20 @@ def test_kept_merged_weights_follow_the_parameters():
         assert not any("_derived" in m.__dict__ for m in dec.modules())
         assert all(m._params is None for m in dec.modules() if isinstance(m, SnakeBeta))
         assert (dec(codes) - before.double()).abs().max().item() < 1e-3
+
+
+def test_a_loaded_engine_keeps_its_merged_weights(tiny_checkpoints):
+    """The engine's decoder (built by the checkpoint loader, decoding under inference mode, as every request does)
+    keeps its merged weights and codeword tables across decodes: made once, not on every call (inference-tensor
+    parameters would have no version to key them on)."""
+    from engine import Engine
+
+    eng = Engine.load(tiny_checkpoints["custom_voice"], device="cpu", dtype="fp32")
+    dec = eng.codec.decoder
+    codes = torch.zeros(1, dec.cfg.num_quantizers, 3, dtype=torch.long)
+    with torch.inference_mode():
+        dec(codes)
+        attn, group = dec.pre_transformer.layers[0].self_attn, dec.quantizer.rvq_rest
+        kept = attn.__dict__["_derived"]["_qkv"][1][0], group.__dict__["_derived"]["_table"][1][0]
+        dec(codes)
+    assert attn.__dict__["_derived"]["_qkv"][1][0] is kept[0] and group.__dict__["_derived"]["_table"][1][0] is kept[1]
