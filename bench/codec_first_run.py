@@ -8,7 +8,8 @@ piece size decoded twice, eagerly. first - second is the per-shape set-up a load
 Variants switch one suspect off: the cuDNN attention backend, cuDNN convolutions (no_cudnn: both), the Triton
 snake kernel. thread_first (the engine's settings) first decodes one frame and every piece on another thread, on
 its own state: what is left for this thread is what the libraries keep per thread (cuDNN's plans), the rest
-(library and kernel loading) is per process. The first run of the 16-frame piece is profiled on the host: which ops pay the per-shape set-up.
+(library and kernel loading) is per process. The first run of the 16-frame piece is profiled on the host: which
+ops pay the per-shape set-up.
 Writes DIR/codec_first_run_<gpu>.json.
 """
 from __future__ import annotations
@@ -41,7 +42,8 @@ def worker(ckpt: Path, variant: str) -> dict:
 
     dev = torch.device("cuda")
     torch.zeros(1, device=dev)
-    if variant in ("no_cudnn_sdp", "no_cudnn", "deterministic", "thread_first"):  # no_cudnn_sdp is what the engine runs (model.layers.sdpa)
+    # the engine runs attention without cuDNN's backend (model.layers.sdpa): no_cudnn_sdp and those built on it
+    if variant in ("no_cudnn_sdp", "no_cudnn", "deterministic", "thread_first"):
         torch.backends.cuda.enable_cudnn_sdp(False)
     if variant == "efficient_sdp_only":
         for name in ("cudnn", "flash", "math"):
@@ -98,7 +100,8 @@ def worker(ckpt: Path, variant: str) -> dict:
         for size in SIZES:
             codes = torch.zeros(1, cfg.decoder.num_quantizers, size, dtype=torch.long, device=dev)
             if size == PROFILED:  # which ops pay the per-shape set-up: host time of each op on its first run
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+                cpu = [torch.profiler.ProfilerActivity.CPU]
+                with torch.profiler.profile(activities=cpu, record_shapes=True) as prof:
                     first = timed(lambda c=codes: dec(c, state, check=False))
                 convs = [e for e in prof.key_averages(group_by_input_shape=True) if "convolution" in e.key]
                 out[f"first_piece{size}_conv_shapes_ms"] = [

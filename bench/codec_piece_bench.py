@@ -52,23 +52,28 @@ def build_decoder(dtype=torch.bfloat16) -> CodecDecoder:
 
 def kernel_table(fn) -> dict:
     rows = cuda_kernels(fn)
+    ops, by_shape = op_tables(fn)
     return {"kernels": sum(r["count"] for r in rows), "summed_us": round(sum(r["us"] for r in rows), 1),
-            "top": rows[:20], "ops": op_table(fn), "ops_by_shape": op_table(fn, by_shape=True, top=30)}
+            "top": rows[:20], "ops": ops, "ops_by_shape": by_shape}
 
 
-def op_table(fn, by_shape: bool = False, top: int = 20) -> list:
-    """GPU time by the torch op that launched it (which op a generic elementwise kernel belongs to); by_shape:
-    by op and input shapes (which activation a copy or an add is)."""
+def op_tables(fn) -> tuple[list, list]:
+    """GPU time by the torch op that launched it (which op a generic elementwise kernel belongs to), and by op
+    and input shapes (which activation a copy or an add is), from one profiled call."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=by_shape) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         fn()
         torch.cuda.synchronize()
-    events = prof.key_averages(group_by_input_shape=by_shape)
-    ops = [e for e in events if e.key.startswith("aten::") and e.self_device_time_total > 0]
-    ops.sort(key=lambda e: -e.self_device_time_total)
-    return [{"op": e.key[:60], "count": e.count, "us": round(e.self_device_time_total, 1),
-             **({"shapes": str(e.input_shapes)[:120]} if by_shape else {})} for e in ops[:top]]
+
+    def table(by_shape: bool, top: int) -> list:
+        events = prof.key_averages(group_by_input_shape=by_shape)
+        ops = sorted((e for e in events if e.key.startswith("aten::") and e.self_device_time_total > 0),
+                     key=lambda e: -e.self_device_time_total)
+        return [{"op": e.key[:60], "count": e.count, "us": round(e.self_device_time_total, 1),
+                 **({"shapes": str(e.input_shapes)[:120]} if by_shape else {})} for e in ops[:top]]
+
+    return table(False, 20), table(True, 30)
 
 
 def pieces_bench(args) -> dict:

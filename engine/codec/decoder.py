@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidInputError
+from ..kernels.snake import reference as snake_reference
 from ..model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, sdpa
 from .config import DecoderConfig
 
@@ -241,44 +242,30 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
         self.kernels = None  # engine.kernels.Kernels, or None: torch ops
-        self._params: tuple | None = None  # (key, freq [C], inv_mag [C])
 
-    def _key(self) -> tuple:
-        a, b = self.alpha, self.beta  # in-place updates bump _version; .to() / new tensors change data_ptr
-        return a.data_ptr(), b.data_ptr(), a._version, b._version, a.dtype, b.dtype, a.device
+    @property
+    def _params(self) -> tuple | None:
+        """What params() keeps: (key, (freq, inv_mag)), or None before its first call and after a move."""
+        return self.__dict__.get("_derived", {}).get("params")
 
     def params(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(freq, inv_mag) [C] in the parameters' dtype; cached unless autograd tracks α or β or they are
-        inference tensors (made under torch.inference_mode, which keeps no version counter).
-
-        The cache follows in-place updates (load_state_dict, copy_) and moves (.to); a write through
-        `.data` bypasses the version counter (assign new parameters instead)."""
-        a, b = self.alpha, self.beta
-        if (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)) or a.is_inference() or b.is_inference():
-            return a.exp(), 1.0 / (b.exp() + 1e-9)  # tracked by autograd, or no version counter to follow
-        key = self._key()
-        if self._params is None or self._params[0] != key:
-            with torch.no_grad():
-                self._params = (key, self.alpha.exp(), 1.0 / (self.beta.exp() + 1e-9))
-        return self._params[1], self._params[2]
+        """(freq, inv_mag) [C] in the parameters' dtype, kept (_derived) unless autograd tracks α or β or they
+        are inference tensors. The kept pair follows in-place updates (load_state_dict, copy_) and moves (.to);
+        a write through `.data` bypasses the version counter (assign new parameters instead)."""
+        return _derived(self, "params", [self.alpha, self.beta], lambda a, b: (a.exp(), 1.0 / (b.exp() + 1e-9)))
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None, bias: torch.Tensor | None = None,
                 keep: int = 0, tail: torch.Tensor | None = None, pad: int = 0) -> torch.Tensor:
         """x [B, L, C]; `bias` [C]: the previous conv's bias, added here (one launch fewer, and one pass less
         over the activation, when the Triton kernel runs; the same values either way). keep / tail / pad: the
-        result as the next causal conv's input window (_window), [B, keep + L + pad, C]."""
+        result as the next causal conv's input window (_window), [B, keep + L + pad, C]. Without the kernel
+        it is the kernel's torch reference (engine/kernels/snake.py), the same expression."""
         freq, inv_mag = self.params()
         ks = self.kernels
         b, n, c = x.shape
         if ks is not None and "snake" in ks.active and x.is_cuda and b * (keep + n + pad) * c < 2 ** 30:  # int32
             return ks.snake(x, freq, inv_mag, bias, keep=keep, tail=tail, pad=pad)
-        if bias is not None:
-            x = x + bias
-        y = x + inv_mag * torch.sin(x * freq).pow(2)
-        if not (keep or pad):
-            return y
-        front = tail if tail is not None else y.new_zeros(b, keep, c)
-        return torch.cat([front, y] + ([y.new_zeros(b, pad, c)] if pad else []), dim=1)
+        return snake_reference(x, freq, inv_mag, bias, keep=keep, tail=tail, pad=pad)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -574,8 +561,6 @@ class CodecDecoder(nn.Module):
         hold device memory after Engine.release() moved the weights to the CPU."""
         for m in self.modules():
             m.__dict__.pop("_derived", None)
-            if isinstance(m, SnakeBeta):
-                m._params = None
         return super()._apply(fn, recurse)
 
     def use_kernels(self, kernels) -> None:

@@ -34,7 +34,8 @@ TILE = 2048  # elements a program (4 warps, 16 per thread): 32 or 64 channels x 
 def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torch.Tensor | None = None,
               *, keep: int = 0, tail: torch.Tensor | None = None, pad: int = 0) -> torch.Tensor:
     """x [B, L, C] (time-major, the codec decoder's layout); freq, inv_mag [C] in x.dtype: SnakeBeta's torch
-    expression; with `bias` [C], of x + bias (rounded to x.dtype first, as the conv's own bias add rounds).
+    expression (SnakeBeta runs this where the kernel does not); with `bias` [C], of x + bias (rounded to x.dtype
+    first, as the conv's own bias add rounds).
     keep / tail / pad: the result with `keep` rows of context in front (tail [B, keep, C], or zeros) and `pad`
     zero rows after, [B, keep + L + pad, C]: the next causal conv's input."""
     if bias is not None:
@@ -117,7 +118,7 @@ def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torc
     time; anything else is made contiguous); freq, inv_mag and the optional bias [C] contiguous, x.dtype -> a
     new contiguous [B, L, C].
 
-    keep / tail / pad lay the result out as the next causal conv's input (window_reference), in the same launch:
+    keep / tail / pad lay the result out as the next causal conv's input (as `reference` does), in the same launch:
     [B, keep + L + pad, C] with the tail [B, keep, C] (zeros when None) in front and `pad` zero rows after."""
     b, length, c = x.shape
     params = (freq, inv_mag) if bias is None else (freq, inv_mag, bias)
