@@ -258,6 +258,39 @@ def test_load_state_dict_into(tmp_path):
     assert isinstance(toy.lin.weight, nn.Parameter)
 
 
+def test_streamed_read_splits_casts_and_skips(tmp_path, monkeypatch):
+    """The streamed reader at a staging piece of 40 bytes: tensors share pieces and a large one spans several,
+    a tensor another prefix owns lies between them (a gap that is skipped or read past), and each lands as
+    the file's values in the asked dtype (floats) or its own (integers), in the module's strides."""
+    from engine.checkpoint import reader
+
+    monkeypatch.setattr(reader, "PIECE_BYTES", 40)
+    monkeypatch.setattr(reader, "READ_THREADS", 3)
+    sd = {"m.a": torch.randn(7, 5), "m.b": torch.randn(3).to(torch.bfloat16), "other.gap": torch.randn(9),
+          "m.c": torch.arange(6, dtype=torch.int64), "m.d": torch.randn(2, 33, dtype=torch.float64),
+          "m.e": torch.zeros(0), "m.f": torch.tensor([True, False, True])}
+    f = tmp_path / "w.safetensors"
+    save_file(sd, str(f))
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Parameter(torch.empty(5, 7).t())  # stored column-major
+            for name in "bcdef":
+                self.register_buffer(name, torch.empty(sd["m." + name].shape, dtype=sd["m." + name].dtype))
+
+    for dtype in (None, torch.bfloat16, torch.float32):
+        with torch.device("meta"):
+            h = Holder()
+        load_state_dict_into(h, f, "m.", dtype, "cpu")
+        assert h.a.stride() == (1, 7)
+        for name in "abcdef":
+            got, want = getattr(h, name), sd["m." + name]
+            if want.is_floating_point() and dtype is not None:
+                want = want.to(dtype)
+            assert got.dtype == want.dtype and torch.equal(got, want), name
+
+
 def test_load_state_dict_into_keeps_the_modules_layout(tmp_path, tiny_checkpoints):
     """A parameter the module stores in its own strides (the codec decoder's conv weights, channels fastest, so
     cuDNN needs no layout conversion per call) keeps them when the file's tensor replaces it; the values are
