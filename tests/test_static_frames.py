@@ -76,3 +76,19 @@ def test_talker_attention_switch(engine, monkeypatch, choice, expected):
     monkeypatch.setattr(frame_graph, "TALKER_TRITON_ATTENTION", False)
     runner = GraphedFrames(engine.talker, 400, capture=False, kernels=ks)
     assert "attention" not in runner.fused["talker"].ks.active
+
+
+def test_release_drops_the_merged_weights(tiny_checkpoints):
+    """The fused steps merge q/k/v and gate/up into tensors the parameters then view; release() moves the
+    parameters, so it must also drop those merged tensors (on a GPU they would stay allocated, unreachable)."""
+    from engine.gpu.fused_layers import fused
+
+    eng = Engine.load(tiny_checkpoints["custom_voice"], device="cpu", dtype="fp32", max_seq_len=64)
+    FusedStack(eng.talker.model)
+    FusedStack(eng.talker.code_predictor.model)
+    layers = [m for m in eng.talker.modules() if "_fused" in m.__dict__]
+    assert layers
+    merged = fused(layers[0]).qkv
+    assert layers[0].self_attn.q_proj.weight.data_ptr() == merged.data_ptr()  # a view of the merged rows
+    eng.release()
+    assert not [m for m in eng.talker.modules() if "_fused" in m.__dict__]

@@ -97,6 +97,16 @@ def fused(layer: DecoderLayer) -> FusedLayer:
     return layer.__dict__["_fused"]
 
 
+def forget(module: torch.nn.Module) -> None:
+    """Drop the FusedLayers made for `module`'s decoder layers. Their merged q/k/v and gate/up tensors are
+    the device storage of those parameters: moving the module (Engine.release) gives the parameters new
+    storage, and without this the merged tensors would stay on the device, alive but unreachable (the
+    figure for a real-size model: bench/results/release_memory_h100.json). Call it only once nothing
+    captured over them runs any more."""
+    for m in module.modules():
+        m.__dict__.pop("_fused", None)
+
+
 class FusedStack:
     """Single-token steps over a DecoderStack (talker or code predictor)."""
 

@@ -113,6 +113,7 @@ def test_gpu_release_frees_graphs_pools_and_memory(tiny_checkpoints):
         # ComfyUI's cache: release() alone must free the memory
         rows.append((cycle, loaded_alloc, loaded_res, after_alloc, after_res))
         assert [g() for g in graphs] == [None, None], "graph runners outlive release()"
+        assert not [m for m in eng.talker.modules() if "_fused" in m.__dict__], "merged weights outlive release()"
         assert after_alloc <= base_alloc + MIB, (
             f"cycle {cycle}: {(after_alloc - base_alloc) / MIB:.1f} MiB still allocated after release(); "
             f"live CUDA tensors: {_cuda_tensors()[:20]}")
