@@ -224,9 +224,9 @@ def _copy_pieces(path: Path, jobs: list, device: torch.device) -> None:
                 job.dest()[at:at + count].copy_(host[where:where + count], non_blocking=cuda)
                 if at + count == job.size:
                     job.finish()
-            if cuda:
+            if cuda:  # on the target device's stream (the current device may be another GPU)
                 done[slot] = torch.cuda.Event()
-                done[slot].record()
+                done[slot].record(torch.cuda.current_stream(device))
     if cuda:
         torch.cuda.current_stream(device).synchronize()  # the staging buffers go back on return
 
