@@ -81,7 +81,8 @@ def _steady(run, frames_hi=450, frames_lo=50, repeats=3) -> tuple[float, dict]:
 # Workers (fresh subprocesses)
 
 
-def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_mode: str = "default") -> dict:
+def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_mode: str = "default",
+                rounds: int = 1) -> dict:
     import gc
 
     import torch
@@ -138,10 +139,18 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
         t_steady = time.perf_counter()
         steady, steady_walls = _steady(lambda n: one("English", STEADY_TEXT, n, seed=0)["wall_s"])
         phases = {"script": clocks.during(t_script, t_steady), "steady": clocks.during(t_steady, time.perf_counter())}
+    more = []  # the script and the steady phase again in the same process: does their gap move, or stay?
+    for _ in range(rounds - 1):
+        again = [one(lang, text, frames, seed=i) for i, (lang, text, frames) in enumerate(script())]
+        again_steady, again_walls = _steady(lambda n: one("English", STEADY_TEXT, n, seed=0)["wall_s"])
+        summary = summarise(again, again_steady, takes)
+        more.append({"steady_walls_s": again_walls, "walls_s": [r["wall_s"] for r in again],
+                     **{k: summary[k] for k in ("steady_ms_per_frame", "overhead_p50_ms", "overhead_p95_ms",
+                                               "long_requests_ms_per_frame")}})
     out = {"engine": "ours", "mode": mode, "takes": takes, "load_s": load_s, "cuda_start_s": cuda_start_s,
            "info": eng.info.summary(),
            "notes": eng.info.notes, "rows": rows, **summarise(rows, steady, takes), "steady_walls_s": steady_walls,
-           "clocks": phases, "gc_mode": gc_mode}
+           "clocks": phases, "gc_mode": gc_mode, "more_rounds": more}
     graphs = getattr(eng.runner, "graphs", {})
     out["frame_graphs"] = [list(k) for k in graphs]
     if eng.codec_graphs is not None:
@@ -253,11 +262,14 @@ def main() -> None:
     ap.add_argument("--skip-faster", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--name", default="", help="file name suffix (default: the GPU's short name)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="our workers run the script and the steady phase this many times (the table: the first)")
     ap.add_argument("--gc", default="default", choices=("default", "off"),
                     help="off: our worker runs the script with Python's garbage collector disabled (an A/B)")
     args = ap.parse_args()
     if args.worker == "ours":
-        print(json.dumps(worker_ours(args.ckpt, args.mode, args.engine_root, args.first_chunk, args.gc)))
+        print(json.dumps(worker_ours(args.ckpt, args.mode, args.engine_root, args.first_chunk, args.gc,
+                                     args.rounds)))
         return
     if args.worker == "faster":
         print(json.dumps(worker_faster(args.ckpt, args.mode)))
@@ -285,7 +297,8 @@ def main() -> None:
         ckpt = checkpoint(size)
         runs = results[f"{size} CustomVoice"] = []
         for mode in args.modes if not args.skip_ours else ():
-            extra = ["--engine-root", str(args.engine_root), "--first-chunk", str(args.first_chunk), "--gc", args.gc]
+            extra = ["--engine-root", str(args.engine_root), "--first-chunk", str(args.first_chunk), "--gc", args.gc,
+                     "--rounds", str(args.rounds)]
             r = run_worker(["--worker", "ours", "--ckpt", str(ckpt), "--mode", mode, *extra])
             r["label"] = args.label or "this pack"
             runs.append(r)
