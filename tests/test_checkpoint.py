@@ -291,6 +291,23 @@ def test_streamed_read_splits_casts_and_skips(tmp_path, monkeypatch):
             assert got.dtype == want.dtype and torch.equal(got, want), name
 
 
+def test_out_of_memory_while_loading_is_not_called_a_damaged_file(tmp_path, monkeypatch):
+    """Running out of device memory mid-load must reach the caller as the out-of-memory error it is (ComfyUI
+    frees models on it), not as a CheckpointError telling the user to download the file again."""
+    from engine.checkpoint import reader
+
+    f = _toy_file(tmp_path / "w.safetensors")
+
+    def full(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(reader, "_copy_pieces", full)
+    with torch.device("meta"):
+        toy = _Toy()
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        load_state_dict_into(toy, f, "m.", torch.float32, "cpu")
+
+
 def test_load_state_dict_into_keeps_the_modules_layout(tmp_path, tiny_checkpoints):
     """A parameter the module stores in its own strides (the codec decoder's conv weights, channels fastest, so
     cuDNN needs no layout conversion per call) keeps them when the file's tensor replaces it; the values are

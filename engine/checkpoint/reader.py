@@ -5,7 +5,7 @@ buffers (pinned for a CUDA target, so each copy to the device runs while the nex
 the tensors the module will keep; a tensor stored in another dtype or layout lands in a temporary and is cast
 on the target device. Loading a model costs one read of its weights and about one copy of them in the target
 dtype. (Per tensor through safetensors' memory map, the page faults and the pageable copies ran one after
-another: 0.8 s for the 0.6B model's 2.3 GB on an H100 machine, bench/results/load_profile_h100_7fd063b.json.)
+another: 0.8 s for the 0.6B model's weights on an H100 machine, bench/results/load_profile_h100_7fd063b.json.)
 """
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def load_state_dict_into(module: nn.Module, safetensors_path: str | Path, prefix
                 owner._parameters[attr] = nn.Parameter(t, requires_grad=current.requires_grad)
             else:
                 owner._buffers[attr] = t
-    except CheckpointError:
+    except (CheckpointError, torch.cuda.OutOfMemoryError):  # out of memory is not a damaged file: say it as is
         raise
     except _damage_errors() as exc:  # a damaged header or an unreadable file
         raise CheckpointError(
