@@ -611,9 +611,6 @@ class Engine:
             self.codec_graphs = None
         self.runner = EagerFrames(self.talker)
         self.info.cuda_graphs = False
-        from .gpu.fused_layers import forget
-
-        forget(self.talker)  # the merged weights the graphs and fused steps read
         for m in (self.talker, self.speaker_encoder, self.codec):
             if m is not None:
                 m.to("cpu")

@@ -91,20 +91,11 @@ def _merge_rows(linears) -> torch.Tensor:
 
 def fused(layer: DecoderLayer) -> FusedLayer:
     """The layer's FusedLayer, made once: merging again would re-point the parameters at new storage and
-    leave graphs captured earlier reading freed memory."""
+    leave graphs captured earlier reading freed memory. A move or cast of the layer drops it
+    (DecoderLayer._apply): its merged tensors are the old device storage of the parameters."""
     if "_fused" not in layer.__dict__:
         layer.__dict__["_fused"] = FusedLayer(layer)
     return layer.__dict__["_fused"]
-
-
-def forget(module: torch.nn.Module) -> None:
-    """Drop the FusedLayers made for `module`'s decoder layers. Their merged q/k/v and gate/up tensors are
-    the device storage of those parameters: moving the module (Engine.release) gives the parameters new
-    storage, and without this the merged tensors would stay on the device, alive but unreachable (the
-    figure for a real-size model: bench/results/release_memory_h100.json). Call it only once nothing
-    captured over them runs any more."""
-    for m in module.modules():
-        m.__dict__.pop("_fused", None)
 
 
 class FusedStack:

@@ -199,6 +199,13 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, start)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def _apply(self, fn, recurse=True):
+        """Moves and casts drop the layer's fused steps (engine/gpu/fused_layers.py, kept as `_fused`): their
+        merged q/k/v and gate/up tensors are the parameters' old storage, and kept they would hold device
+        memory after Engine.release() moved the weights to the CPU (bench/results/release_memory_h100.json)."""
+        self.__dict__.pop("_fused", None)
+        return super()._apply(fn, recurse)
+
 
 class DecoderStack(nn.Module):
     """`layers` + final `norm` + rotary embedding; the `model.` part of the official modules.
