@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from engine_probe import load_captured, seat  # noqa: E402
 from gpu_bench import TEXT  # noqa: E402
-from timing import GpuClocks  # noqa: E402
+from timing import GpuClocks, mean_gpu_ms  # noqa: E402
 
 FRAMES = 200
 START = 30  # cache position of the replays: inside the 256 window for all 200
@@ -34,14 +34,9 @@ START = 30  # cache position of the replays: inside the 256 window for all 200
 
 @torch.inference_mode()
 def replay_ms(runner, graph) -> float:
+    """GPU ms a frame of FRAMES back-to-back replays from cache position START."""
     seat(runner, 1, START)
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(FRAMES):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / FRAMES
+    return mean_gpu_ms(graph.replay, FRAMES, warm=False)
 
 
 def main() -> None:

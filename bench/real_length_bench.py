@@ -123,6 +123,9 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
         assert n == frames, (n, frames)
         return {"frames": frames, "wall_s": wall, "first_s": first, **extra}
 
+    def steady_phase():
+        return _steady(lambda n: one("English", STEADY_TEXT, n, seed=0)["wall_s"])
+
     if gc_mode == "off":  # an A/B against the collector: none runs from here to the end of the process
         gc.collect()
         gc.disable()
@@ -137,12 +140,12 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
             rows[-1]["clocks"], rows[-1]["gc"] = clocks.during(t0, t1), pauses.during(t0, t1)
             print(json.dumps(rows[-1]), flush=True)
         t_steady = time.perf_counter()
-        steady, steady_walls = _steady(lambda n: one("English", STEADY_TEXT, n, seed=0)["wall_s"])
+        steady, steady_walls = steady_phase()
         phases = {"script": clocks.during(t_script, t_steady), "steady": clocks.during(t_steady, time.perf_counter())}
     more = []  # the script and the steady phase again in the same process: does their gap move, or stay?
     for _ in range(rounds - 1):
         again = [one(lang, text, frames, seed=i) for i, (lang, text, frames) in enumerate(script())]
-        again_steady, again_walls = _steady(lambda n: one("English", STEADY_TEXT, n, seed=0)["wall_s"])
+        again_steady, again_walls = steady_phase()
         summary = summarise(again, again_steady, takes)
         more.append({"steady_walls_s": again_walls, "walls_s": [r["wall_s"] for r in again],
                      **{k: summary[k] for k in ("steady_ms_per_frame", "overhead_p50_ms", "overhead_p95_ms",
