@@ -212,6 +212,43 @@ def test_rope_attention_split_owner_writes(pos, chunk):
     assert launch["splits"] == 64 // chunk
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b, per_row", [(1, False), (2, False), (2, True)])
+def test_attention_o_proj(dtype, b, per_row):
+    """q/k norm + RoPE + cache write + attention + o_proj with the residual in one launch (several column
+    blocks, every kv head a split), rows at one position and each at its own."""
+    st.check_attention_o_proj(DEV, dtype, b, **SMALL_HEADS, seq=20, window=16, pos=9, n=48, seed=b, per_row=per_row)
+
+
+def test_attention_o_proj_edges():
+    """The last position of a short window, the first position with one query head a kv head, and three
+    query heads a kv head (padded to four)."""
+    st.check_attention_o_proj(DEV, torch.float32, 1, **SMALL_HEADS, seq=20, window=5, pos=4, n=40)
+    st.check_attention_o_proj(DEV, torch.float32, 1, nh=4, nkv=4, d=32, seq=20, window=16, pos=0, n=40)
+    st.check_attention_o_proj(DEV, torch.float32, 2, nh=6, nkv=2, d=32, seq=20, window=16, pos=11, n=24,
+                              per_row=True)
+
+
+def test_attention_o_proj_dispatch(monkeypatch):
+    """Kernels.attention_o_proj runs the one launch where it fits (one row, a short window), and the
+    separate ops elsewhere."""
+    from engine.kernels import attention_o_proj as kao
+
+    assert kao.fits(1, 16) and kao.fits(1, 64) and not kao.fits(kao.FUSE_ROWS + 1, 16) and not kao.fits(1, 128)
+    calls = []
+    monkeypatch.setattr(kao, "attention_o_proj", lambda *a, **kw: calls.append(a[0].shape[0]))
+    ks = kernels.Kernels(kernels.NAMES)
+    nh, nkv, d = 4, 2, 32
+    for b, window in ((1, 16), (2, 16), (1, 256)):
+        qkv = torch.randn(b, 1, (nh + 2 * nkv) * d)
+        cache = torch.zeros(b, nkv, window, d)
+        cos, sin = st.rope_tables(d, 1, torch.float32, DEV)
+        bias = torch.zeros(window)
+        ks.attention_o_proj(qkv, torch.ones(nh + nkv, d), cos, sin, 1e-6, cache, cache.clone(), torch.tensor([1]),
+                            bias, 0.1, nh, nkv, torch.randn(16, nh * d), torch.randn(b, 1, 16))
+    assert calls == [1]
+
+
 def test_attention_plan():
     from engine.kernels import attention as ka
 
@@ -378,7 +415,8 @@ def test_sample_distribution_chi_square():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [2, 4])  # 4: q/k norm + RoPE fused into the attention (FUSE_MIN_ROWS)
+# 1: q/k norm, attention and o_proj in one launch; 4: q/k norm + RoPE fused into the attention (FUSE_MIN_ROWS)
+@pytest.mark.parametrize("rows", [1, 2, 4])
 def test_layer_step_matches_fused_layer(dtype, rows):
     """FusedLayer.step with every kernel on == the same step with every op as its torch reference
     (a small random layer, 3 tokens)."""

@@ -14,8 +14,9 @@ path. Per layer and token:
   * RMSNorm + one gate/up matmul;
   * SwiGLU + down_proj with the residual added in its epilogue.
 With Triton that is 6 launches (engine/kernels/linear.py fuses the norms, SwiGLU and residuals into the
-matmuls); in torch about 20. `prefill` runs a fresh prompt's T tokens the same way with ~10 launches a
-layer (cuBLAS matmuls, which win at T rows; one-launch norms and q/k norm + RoPE + cache write; the
+matmuls), 4 where the q/k norm, attention and o_proj fit one launch (engine/kernels/attention_o_proj.py:
+the code predictor at one take); in torch about 20. `prefill` runs a fresh prompt's T tokens the same way
+with ~10 launches a layer (cuBLAS matmuls, which win at T rows; one-launch norms and q/k norm + RoPE + cache write; the
 residuals added in the matmuls' epilogues) instead of ~53 op by op. Numerics follow
 engine/model/layers.py: RMSNorm normalises in fp32, casts back, then scales; RoPE tables come in the
 activation dtype; softmax runs in fp32.
@@ -54,11 +55,10 @@ class FusedLayer:
 
     def step(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache, pos, bias):
         """x [B, 1, H] at position pos ([1] long); attends over the first len(bias) cache positions."""
-        lay, b = self.layer, x.shape[0]
+        lay = self.layer
         qkv = ks.linear(x, self.qkv, prologue="rms_norm", norm_weight=lay.input_layernorm.weight, eps=self.eps)
-        out = ks.rope_attention(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos, bias,
-                                self.scale, self.nh, self.nkv).reshape(b, 1, self.nh * self.d)
-        x = ks.linear(out, lay.self_attn.o_proj.weight, residual=x)
+        x = ks.attention_o_proj(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos, bias,
+                                self.scale, self.nh, self.nkv, lay.self_attn.o_proj.weight, x)
         gu = ks.linear(x, self.gate_up, prologue="rms_norm", norm_weight=lay.post_attention_layernorm.weight,
                        eps=self.eps)
         return ks.linear(gu, lay.mlp.down_proj.weight, prologue="silu_mul", residual=x)

@@ -24,8 +24,10 @@ import threading
 from ..errors import Qwen3TTSError
 
 # rope_attention: qk_norm_rope_kv and attention in one launch (attention.rope_attention); without it the
-# decode step runs them as two (each by its own switch).
-NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "rope_attention", "sample", "snake")
+# decode step runs them as two (each by its own switch). attention_o_proj: those and the o_proj linear in one
+# launch where it fits (one row, a short window: the code predictor at one take).
+NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "rope_attention", "attention_o_proj", "sample",
+         "snake")
 # Opt-in kernels: known to Kernels, but "auto"/"on" pick them only when PERSISTENT_PREDICTOR_ENV is "1".
 OPTIONAL = ("predictor_pass",)  # the whole code-predictor pass as one persistent launch (predictor_pass.py)
 PERSISTENT_PREDICTOR_ENV = "QWEN3TTS_PREDICTOR_PASS"
@@ -125,6 +127,20 @@ class Kernels:
                                         nh, nkv, pdl=self.pdl)
         q = self.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
         return self.attention(q, k_cache, v_cache, bias, scale)
+
+    def attention_o_proj(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
+                         weight, residual):
+        """rope_attention, then o_proj (`weight`) with the residual added -> [B, 1, N]: one Triton launch when
+        "attention_o_proj" is active and fits (attention_o_proj.fits: one row, a short window), else
+        those ops by their own switches."""
+        fused = _module("attention_o_proj")
+        b = qkv.shape[0]
+        if "attention_o_proj" in self.active and fused.fits(b, bias.shape[-1]):
+            return fused.attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
+                                          nh, nkv, weight, residual, pdl=self.pdl)
+        out = self.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh,
+                                  nkv)
+        return self.linear(out.reshape(b, 1, nh * k_cache.shape[-1]), weight, residual=residual)
 
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         return self._run("sample", "sample", "reference", logits, do_sample, temperature, k_index, top_p, **kw)

@@ -29,7 +29,8 @@ from . import interpreting
 from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
 
-triton = tl = _round = _rms_apply = _mma = _act = _pdl_enter = None  # bound on first use by _kernel()
+# Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
+triton = tl = _round = _rms_apply = _mma = _act = _finish = _pdl_enter = None
 
 PROLOGUES = {"none": 0, "rms_norm": 1, "silu_mul": 2}
 MAX_ROWS = 64
@@ -74,7 +75,7 @@ def exact(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, 
 
 @functools.cache
 def _kernel():
-    global triton, tl, _round, _rms_apply, _mma, _act, _pdl_enter
+    global triton, tl, _round, _rms_apply, _mma, _act, _finish, _pdl_enter
     import triton
     import triton.language as tl
 
@@ -134,13 +135,51 @@ def _kernel():
         return a
 
     @triton.jit
+    def _finish(acc, rm, rn, m_ok, n_ok, M, N, pid_n, pid_k, splits, part_ptr, count_ptr, y_ptr, stride_y,
+                res_ptr, stride_r, bias_ptr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, SP: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """The epilogue of a split-K program with partial acc [BLOCK_M, BLOCK_N] (split pid_k of `splits`):
+        the splits' fp32 partials meet at column block pid_n's counter, the last arrival sums them in a fixed
+        order (deterministic), adds bias and residual to the fp32 sum, stores y rounded once, and re-arms the
+        counter for the next launch (graph replays included).
+        SP >= splits (0: no bound known): the sum is unrolled SP times, so the partials' loads go out
+        together instead of one L2 round trip after another (same order, the same bits: adding a masked
+        +0.0 changes no sum that starts from +0.0)."""
+        dt = y_ptr.dtype.element_ty
+        out_mask = m_ok[:, None] & n_ok[None, :]
+        last = splits == 1
+        if splits > 1:
+            tile = rm[:, None] * N + rn[None, :]
+            tl.store(part_ptr + pid_k * M * N + tile, acc, mask=out_mask)
+            tl.debug_barrier()  # every thread's partial is written before the counter moves
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+            last = arrived == splits - 1
+            if last:  # fixed summation order, whoever arrives last
+                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                if SP > 0:
+                    for sp in tl.static_range(SP):
+                        live = out_mask & ((tile * 0 + sp) < splits)
+                        acc += tl.load(part_ptr + sp * M * N + tile, mask=live, other=0.0, cache_modifier=".cg")
+                else:
+                    for sp in range(splits):
+                        acc += tl.load(part_ptr + sp * M * N + tile, mask=out_mask, other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(count_ptr + pid_n, 0)  # re-arm for the next launch
+        if last:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if RESIDUAL:
+                acc += tl.load(res_ptr + rm[:, None] * stride_r + rn[None, :], mask=out_mask,
+                               other=0.0).to(tl.float32)
+            tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], _round(acc, dt, EMULATE_RNE), mask=out_mask)
+
+    @triton.jit
     def linear_kernel(x_ptr, stride_x, w_ptr, stride_w, y_ptr, stride_y, res_ptr, stride_r,
                       nw_ptr, bias_ptr, part_ptr, count_ptr,
                       M, N, K, eps, chunk,
                       PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                       USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr, ONE_TILE: tl.constexpr,
-                      SWAP_AB: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                      SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      SP: tl.constexpr, PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         splits = tl.num_programs(1)
@@ -189,26 +228,8 @@ def _kernel():
                 acc = _mma(acc, a, w, USE_DOT, IEEE, SWAP_AB)
         if SWAP_AB:
             acc = tl.trans(acc)
-        out_mask = m_ok[:, None] & n_ok[None, :]
-        last = splits == 1
-        if splits > 1:
-            tile = rm[:, None] * N + rn[None, :]
-            tl.store(part_ptr + pid_k * M * N + tile, acc, mask=out_mask)
-            tl.debug_barrier()  # every thread's partial is written before the counter moves
-            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-            last = arrived == splits - 1
-            if last:  # fixed summation order, whoever arrives last
-                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for sp in range(splits):
-                    acc += tl.load(part_ptr + sp * M * N + tile, mask=out_mask, other=0.0, cache_modifier=".cg")
-                tl.atomic_xchg(count_ptr + pid_n, 0)  # re-arm for the next launch
-        if last:
-            if HAS_BIAS:
-                acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            if RESIDUAL:
-                acc += tl.load(res_ptr + rm[:, None] * stride_r + rn[None, :], mask=out_mask,
-                               other=0.0).to(tl.float32)
-            tl.store(y_ptr + rm[:, None] * stride_y + rn[None, :], _round(acc, dt, EMULATE_RNE), mask=out_mask)
+        _finish(acc, rm, rn, m_ok, n_ok, M, N, pid_n, pid_k, splits, part_ptr, count_ptr, y_ptr, stride_y,
+                res_ptr, stride_r, bias_ptr, RESIDUAL, HAS_BIAS, BLOCK_M, BLOCK_N, SP, EMULATE_RNE)
 
     return linear_kernel
 
@@ -232,6 +253,15 @@ CONFIG = {"fma": {"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 3
 
 
 SWIGLU_IN_DOT_MAX_K = 4096
+
+
+# The last split-K arrival sums up to this many partials in one unrolled round of loads; more in a loop.
+UNROLL_SPLITS = 16
+
+
+def unrolled_splits(splits: int) -> int:
+    """`_finish`'s SP for a launch of `splits` programs per column block (0: the loop)."""
+    return next_pow2(splits) if 1 < splits <= UNROLL_SPLITS else 0
 
 
 @functools.cache
@@ -306,6 +336,6 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
         PROLOGUE=code, RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=p["USE_DOT"],
         IEEE=x.dtype == torch.float32 or interpreting(), EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
         ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2, SWAP_AB=p["SWAP_AB"],
-        BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"],
+        BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"], SP=unrolled_splits(p["splits"]),
         num_warps=p["num_warps"], num_stages=p["num_stages"], **launch_options(pdl))
     return y.view(*lead, n)

@@ -210,6 +210,30 @@ def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=1
     return launch
 
 
+def check_attention_o_proj(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=16, pos=9, n=1024, seed=0,
+                           per_row=False, pad=64, config=None):
+    """q/k norm + RoPE + cache write + attention + o_proj with the residual in one launch, against the
+    reference ops: the output, and both caches after the write. per_row: row i at position pos - i with its
+    own RoPE and bias rows. config: attention_o_proj.CONFIG overrides."""
+    from . import attention_o_proj as k
+
+    positions = [max(0, pos - i) for i in range(b)] if per_row else [pos]
+    qkv, w, cos, sin, caches, mine, p = _decode_token_case(device, dtype, b, nh, nkv, d, seq, positions, pad, seed)
+    seen = torch.tensor(positions)[:, None] + 1
+    bias = torch.where(torch.arange(window)[None] < seen, 0.0, float("-inf")).to(dtype)
+    bias = (bias[:, None, None] if per_row else bias[0]).contiguous().to(device)
+    wo = _rand((n, nh * d), dtype, device, seed + 5, (nh * d) ** -0.5)
+    res = _rand((b, 1, n), dtype, device, seed + 6)
+    scale = d ** -0.5
+    want = k.reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], p, bias, scale, nh, nkv, wo, res)
+    got = k.attention_o_proj(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, bias, scale, nh, nkv, wo, res,
+                             config=config)
+    what = f"attention_o_proj {dtype} B={b} W={window} pos={positions}"
+    _close(got, want, ATTN_TOL[dtype], what + " out")
+    _close(mine[0], caches[0], ROPE_TOL[dtype], what + " k_cache")
+    _verdict(torch.equal(mine[1], caches[1]), what + " v_cache differs")
+
+
 # ------------------------------------------------------------------------------------------------
 # sampling
 
@@ -333,6 +357,8 @@ def run_all(device="cuda", verbose=True):
             for w in (16, 256, 1024):
                 check_attention(device, dt, m, seq=max(64, w), window=w, filled=w - 3, block_n=64)
                 check_rope_attention(device, dt, m, seq=max(64, w), window=w, pos=w - 3 - m, per_row=m > 1)
+            if m <= 2:
+                check_attention_o_proj(device, dt, m, per_row=m > 1)
             for n, k, prologue, residual, bias in LINEAR_SHAPES:
                 check_linear(device, dt, m, n, k, prologue, residual, bias)
         for c, length in SNAKE_SHAPES:

@@ -168,6 +168,54 @@ def test_rope_attention_in_cuda_graph():
         assert torch.equal(kc.abs().sum((0, 1, 3)) > 0, vc.abs().sum((0, 1, 3)) > 0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", [1, 2])
+def test_attention_o_proj(dtype, b):
+    """The predictor's q/k norm + attention + o_proj launch at real shapes, at every column block width,
+    rows at one position and each at its own, the window's first and last positions."""
+    for per_row in (False, True) if b > 1 else (False,):
+        for cfg in ({"BLOCK_N": 8, "num_warps": 4}, {"BLOCK_N": 32, "num_warps": 2}, {"BLOCK_N": 64, "num_warps": 8}):
+            st.check_attention_o_proj(DEV, dtype, b, seq=16, window=16, pos=9, seed=b, per_row=per_row, config=cfg)
+        for pos in (0, 15):
+            st.check_attention_o_proj(DEV, dtype, b, seq=16, window=16, pos=pos, seed=b + pos, per_row=per_row)
+
+
+def test_attention_o_proj_in_cuda_graph():
+    """pos is read on the device: one captured graph writes k / v wherever pos points at replay and
+    attends with them; the split-K counters are left armed for the next replay."""
+    from engine.kernels import attention_o_proj as kao
+    from engine.kernels import linear as kl
+
+    b, nh, nkv, d, window = 1, 16, 8, 128, 16
+    dt = torch.bfloat16
+    qkv = torch.randn(b, (nh + 2 * nkv) * d, device=DEV, dtype=dt)
+    w = torch.ones(nh + nkv, d, device=DEV, dtype=dt)
+    cos, sin = st.rope_tables(d, 0, dt, DEV)
+    kc, vc = (torch.zeros(b, nkv, window, d, device=DEV, dtype=dt) for _ in range(2))
+    bias = torch.zeros(window, device=DEV, dtype=dt)
+    pos = torch.tensor([0], device=DEV)
+    wo = torch.randn(1024, nh * d, device=DEV, dtype=dt) * 0.02
+    res = torch.randn(b, 1, 1024, device=DEV, dtype=dt)
+    args = (qkv, w, cos, sin, 1e-6, kc, vc, pos, bias, d ** -0.5, nh, nkv, wo, res)
+    kao.attention_o_proj(*args)  # compile first
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = kao.attention_o_proj(*args)
+    kc.zero_()
+    vc.zero_()
+    for p in (3, window - 2):
+        pos.fill_(p)
+        g.replay()
+        want_k, want_v = kc.clone(), vc.clone()
+        want = kao.reference(*args[:5], want_k, want_v, *args[7:])
+        torch.testing.assert_close(y, want, atol=3.2e-2, rtol=3.2e-2)
+    torch.cuda.synchronize()
+    filled = (vc.abs().sum((0, 1, 3)) > 0).nonzero().flatten().tolist()
+    assert filled == [3, window - 2], filled
+    assert torch.equal(kc.abs().sum((0, 1, 3)) > 0, vc.abs().sum((0, 1, 3)) > 0)
+    assert int(kl._counters(torch.device(DEV)).abs().sum()) == 0
+
+
 SAMPLE_CASES = st.SAMPLE_CASES
 
 
