@@ -348,6 +348,24 @@ def test_linear_counters_rearm():
         assert int(kl._counters(torch.device(DEV)).abs().sum()) == 0
 
 
+def test_linear_unrolled_split_sum_same_bits(monkeypatch):
+    """The last arrival's unrolled sum (every partial loaded in one round, splits past the count masked) gives
+    the same bits as the loop over the splits; more splits than UNROLL_SPLITS take the loop."""
+    from engine.kernels import linear as kl
+
+    assert [kl.unrolled_splits(s) for s in (1, 2, 3, 7, 16, 17)] == [0, 2, 4, 8, 16, 0]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 1, 200, generator=g)  # fp32 out: the sum's own rounding shows any change of order
+    w = torch.randn(40, 200, generator=g) * 0.07
+    r = torch.randn(2, 1, 40, generator=g)
+    assert kl.plan(2, 40, 200, SMALL_LINEAR, 64)["splits"] == 7  # unrolled to 8, one masked
+    unrolled = kl.linear(x, w, residual=r, config=SMALL_LINEAR, target=64)
+    monkeypatch.setattr(kl, "UNROLL_SPLITS", 0)
+    assert torch.equal(unrolled, kl.linear(x, w, residual=r, config=SMALL_LINEAR, target=64))
+    monkeypatch.undo()
+    assert st.check_linear(DEV, torch.float32, 2, 40, 600, "none", True, config=SMALL_LINEAR, target=64) == 19
+
+
 SAMPLE_CASES = st.SAMPLE_CASES
 
 
