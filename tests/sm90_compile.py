@@ -18,7 +18,8 @@ import torch
 
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
            torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
-KERNEL_MODULES = ("linear", "qk_norm_rope_kv", "attention", "rms_norm", "sample", "snake", "predictor_pass")
+KERNEL_MODULES = ("linear", "qk_norm_rope_kv", "attention", "attention_o_proj", "rms_norm", "sample", "snake",
+                  "predictor_pass")
 BF16 = torch.bfloat16
 PREDICTOR = {"hidden": 1024, "inter": 3072, "layers": 5, "nh": 16, "nkv": 8, "d": 128}  # the 0.6B code predictor
 
@@ -31,12 +32,16 @@ def linear_launches(rows: int) -> None:
 
 
 def attention_launches(rows: int) -> None:
-    """The one-program window (16, the predictor) and split-KV (256, the talker), plain and fused with RoPE."""
+    """The one-program window (16, the predictor) and split-KV (256, the talker), plain and fused with RoPE;
+    up to its rows, the predictor's attention fused into o_proj."""
+    from engine.kernels import attention_o_proj
     from engine.kernels import selftest as st
 
     for w in (16, 256):
         st.check_attention("cpu", BF16, rows, seq=max(64, w), window=w, filled=w - 3)
         st.check_rope_attention("cpu", BF16, rows, seq=max(64, w), window=w, pos=w - 3 - rows, per_row=rows > 1)
+    if rows <= attention_o_proj.MAX_ROWS:
+        st.check_attention_o_proj("cpu", BF16, rows, seq=16, window=16, pos=9, per_row=rows > 1)
 
 
 def small_launches(rows: int) -> None:

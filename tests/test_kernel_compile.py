@@ -36,6 +36,7 @@ def test_attention_compiles(compile_only):
     for m in ROWS:
         sm90.attention_launches(m)
     assert len(compile_only) >= 6
+    assert any(key[0] == "attention_o_proj_kernel" for key in compile_only)
 
 
 def test_norm_rope_sample_snake_compile(compile_only):
