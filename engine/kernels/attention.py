@@ -31,7 +31,7 @@ from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _pdl_enter = _rope_q_kv = _split_m = _split_l_acc = _finite_top = None
+triton = tl = _pdl_enter = _round = _rope_q_kv = _attend_window = _split_m = _split_l_acc = _finite_top = None
 
 # Split-KV launch plan. Windows below SPLIT_MIN_WINDOW run one program per (row, kv head). Longer ones
 # are cut into chunks (multiples of BLOCK_N, at least MIN_CHUNK positions) so that B * nkv * splits is
@@ -111,14 +111,25 @@ def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None
 
 @functools.cache
 def _kernel():
-    global triton, tl, _pdl_enter, _rope_q_kv, _split_m, _split_l_acc, _finite_top
+    global triton, tl, _pdl_enter, _round, _rope_q_kv, _attend_window, _split_m, _split_l_acc, _finite_top
     import triton
     import triton.language as tl
 
     from .pdl import enter
     _pdl_enter = enter()
     kq._kernel()
-    _rope_q_kv = kq._rope_q_kv
+    _rope_q_kv, _round = kq._rope_q_kv, kq._round
+
+    @triton.jit
+    def _attend_window(q, k, v, bias, scale, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """Query heads q [G, D] over a whole window k, v [S, D] (fp32, S a power of two) with the additive
+        bias [S] (-inf masks, padding included) -> [G, D] in fp32, in one tile (no online softmax): scores
+        rounded to dt, the scaled bias add rounded again, softmax in fp32, probabilities unrounded. For the
+        kernels that hold a short window at once (attention_o_proj, predictor_pass)."""
+        sc = _round(tl.sum(q[:, None, :] * k[None, :, :], axis=2), dt, EMULATE_RNE).to(tl.float32)
+        sc = _round(bias[None, :] + scale * sc, dt, EMULATE_RNE).to(tl.float32)
+        p = tl.exp(sc - tl.max(sc, axis=1)[:, None])
+        return tl.sum(p[:, :, None] * v[None, :, :], axis=1) / tl.sum(p, axis=1)[:, None]
 
     # The split partials, as the combine reads them (written by other programs: .cg, past L1). s: split
     # indices, ok: the real ones; the others read as m = -inf, l = 0, acc = 0 and weigh nothing.

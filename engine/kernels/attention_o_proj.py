@@ -38,7 +38,7 @@ from ._util import next_pow2, require
 from .pdl import launch_options
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _pdl_enter = _round = _heads_norm_rope = _finish = None
+triton = tl = _pdl_enter = _round = _heads_norm_rope = _token_kv = _put_kv = _attend_window = _finish = None
 
 # The launch runs rows up to MAX_ROWS (the linear kernel's FMA rows; above, the tensor-core paths win and
 # the attention work per program grows with rows) and windows up to MAX_WINDOW (the whole window is one
@@ -70,15 +70,15 @@ def fits(rows: int, window: int) -> bool:
 
 @functools.cache
 def _kernel():
-    global triton, tl, _pdl_enter, _round, _heads_norm_rope, _finish
+    global triton, tl, _pdl_enter, _round, _heads_norm_rope, _token_kv, _put_kv, _attend_window, _finish
     import triton
     import triton.language as tl
 
     from .pdl import enter
     _pdl_enter = enter()
-    kl._kernel()
-    kq._kernel()
-    _round, _finish, _heads_norm_rope = kl._round, kl._finish, kq._heads_norm_rope
+    ka._kernel()  # binds the helpers of linear and qk_norm_rope_kv too
+    _round, _finish, _attend_window = kl._round, kl._finish, ka._attend_window
+    _heads_norm_rope, _token_kv, _put_kv = kq._heads_norm_rope, kq._token_kv, kq._put_kv
 
     @triton.jit
     def attention_o_proj_kernel(qkv_ptr, stride_qkv, qkn_ptr, cos_ptr, sin_ptr, stride_cos, pos_ptr, stride_pos,
@@ -105,8 +105,6 @@ def _kernel():
         wi = tl.arange(0, BLOCK_W)
         w_ok = wi < W
         rot = (di + D // 2) % D
-        ki = tl.arange(0, 2)
-        one = ki < 1  # a tile of two heads with only the first one live (the smallest 2-D tile)
         for r in range(M):
             pos = tl.load(pos_ptr + r * stride_pos)
             # the window's cached keys / values, issued first: they do not depend on this row's math
@@ -117,24 +115,16 @@ def _kernel():
             s = tl.load(sin_ptr + r * stride_cos + di).to(tl.float32)
             row = qkv_ptr + r * stride_qkv
             q = _heads_norm_rope(row, qkn_ptr, h * G + gi, g_ok, di, rot, c, s, eps, D, dt, EMULATE_RNE)
-            k2 = _heads_norm_rope(row, qkn_ptr, NH + h + ki, one, di, rot, c, s, eps, D, dt, EMULATE_RNE)
-            v2 = tl.load(row + (NH + NKV + h + ki)[:, None] * D + di[None, :], mask=one[:, None], other=0.0,
-                         cache_modifier=".cg")
+            k2, v2, live = _token_kv(row, qkn_ptr, h, di, rot, c, s, eps, NH, NKV, D, dt, EMULATE_RNE)
             if pid_n == 0:  # one program per kv head keeps the token's k / v for the next tokens
-                tl.store(k_ptr + r * skb + h * skh + pos * sks + ki[:, None] * 0 + di[None, :], k2, mask=one[:, None])
-                tl.store(v_ptr + r * svb + h * svh + pos * svs + ki[:, None] * 0 + di[None, :], v2, mask=one[:, None])
-            k_new = tl.sum(tl.where(one[:, None], k2.to(tl.float32), 0.0), axis=0)
-            v_new = tl.sum(tl.where(one[:, None], v2.to(tl.float32), 0.0), axis=0)
+                _put_kv(k_ptr + r * skb + h * skh + pos * sks, v_ptr + r * svb + h * svh + pos * svs, k2, v2, live,
+                        di)
             here = (wi == pos)[:, None]
-            k = tl.where(here, k_new[None, :], kc.to(tl.float32))
-            v = tl.where(here, v_new[None, :], vc.to(tl.float32))
-            sc = tl.sum(q.to(tl.float32)[:, None, :] * k[None, :, :], axis=2).to(dt).to(tl.float32)  # [GP, W]
-            sc = (bias[None, :] + scale * sc).to(dt).to(tl.float32)
-            sc = tl.where(w_ok[None, :], sc, float("-inf"))
-            top = tl.max(sc, axis=1)
-            top = tl.where(top == float("-inf"), 0.0, top)
-            p = tl.exp(sc - top[:, None])
-            out = tl.sum(p[:, :, None] * v[None, :, :], axis=1) / tl.sum(p, axis=1)[:, None]  # [GP, D]
+            k = tl.where(here, tl.sum(tl.where(live[:, None], k2.to(tl.float32), 0.0), axis=0)[None, :],
+                         kc.to(tl.float32))
+            v = tl.where(here, tl.sum(tl.where(live[:, None], v2.to(tl.float32), 0.0), axis=0)[None, :],
+                         vc.to(tl.float32))
+            out = _attend_window(q.to(tl.float32), k, v, bias, scale, dt, EMULATE_RNE)  # [GP, D]
             out = _round(out, dt, EMULATE_RNE).to(tl.float32)
             part = tl.sum(tl.sum(wt * out[None, :, :], axis=2), axis=1)  # [BLOCK_N]
             acc = tl.where(rm[:, None] == r, acc + part[None, :], acc)

@@ -45,7 +45,8 @@ from . import interpreting
 from ._util import next_pow2, require, sm_count
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _round = _rms_apply = _mma = _sync = _prefetch = _gemv = _heads_norm_rope = _attend = None
+triton = tl = _round = _rms_apply = _mma = _sync = _prefetch = _gemv = _heads_norm_rope = _token_kv = _put_kv = None
+_attend_window = _attend = None
 
 ENTRIES = 9  # per layer in the address table: qkv, o, gate_up, down, in_norm, post_norm, qk_norm, k, v
 MAX_ROWS = 16
@@ -67,17 +68,19 @@ def reference(stack, x, cache, pos, bias, rope, head_weight, fill_only=False):
 
 @functools.cache
 def _kernel():
-    global triton, tl, _round, _rms_apply, _mma, _sync, _prefetch, _gemv, _heads_norm_rope, _attend
+    global triton, tl, _round, _rms_apply, _mma, _sync, _prefetch, _gemv, _heads_norm_rope, _token_kv, _put_kv
+    global _attend_window, _attend
     import triton
     import triton.language as tl
 
+    from . import attention as ka
     from . import linear as kl
     from . import qk_norm_rope_kv as kq
 
-    kl._kernel()  # binds the shared helpers below (same rounding and matmul as the per-layer kernel)
-    kq._kernel()
+    ka._kernel()  # binds the shared helpers below (same rounding, matmul and attention as the per-layer kernels)
     _round, _rms_apply, _mma = kl._round, kl._rms_apply, kl._mma
-    _heads_norm_rope = kq._heads_norm_rope
+    _heads_norm_rope, _token_kv, _put_kv = kq._heads_norm_rope, kq._token_kv, kq._put_kv
+    _attend_window = ka._attend_window
 
     @triton.jit
     def _sync(bar_ptr, target):
@@ -168,22 +171,15 @@ def _kernel():
             h = t % NKV
             row = qkv_ptr + b * QKV
             cache = b * (NKV * S * D) + h * (S * D)
-            kh = NH + h + gi
-            first = gi < 1
-            k = _heads_norm_rope(row, qkn_ptr, kh, first, cols, rot, c, s, eps, D, dt, EMULATE_RNE)
-            tl.store(kc_ptr + cache + pos * D + gi[:, None] * 0 + cols[None, :], k, mask=first[:, None])
-            v = tl.load(row + (kh + NKV)[:, None] * D + cols[None, :], mask=first[:, None], cache_modifier=".cg")
-            tl.store(vc_ptr + cache + pos * D + gi[:, None] * 0 + cols[None, :], v, mask=first[:, None])
+            k, v, live = _token_kv(row, qkn_ptr, h, cols, rot, c, s, eps, NH, NKV, D, dt, EMULATE_RNE)
+            _put_kv(kc_ptr + cache + pos * D, vc_ptr + cache + pos * D, k, v, live, cols)
             qh = h * GQ + gi
             q_ok = gi < GQ
             q = _heads_norm_rope(row, qkn_ptr, qh, q_ok, cols, rot, c, s, eps, D, dt, EMULATE_RNE).to(tl.float32)
             tl.debug_barrier()  # this program's cache writes are visible to all its threads
             kk = tl.load(kc_ptr + cache + n[:, None] * D + cols[None, :], cache_modifier=".cg").to(tl.float32)
-            sc = _round(tl.sum(q[:, None, :] * kk[None, :, :], axis=2), dt, EMULATE_RNE).to(tl.float32)
-            sc = _round(bias[None, :] + scale * sc, dt, EMULATE_RNE).to(tl.float32)  # [GP, S]
-            p = tl.exp(sc - tl.max(sc, axis=1)[:, None])
             vv = tl.load(vc_ptr + cache + n[:, None] * D + cols[None, :], cache_modifier=".cg").to(tl.float32)
-            out = tl.sum(p[:, :, None] * vv[None, :, :], axis=1) / tl.sum(p, axis=1)[:, None]
+            out = _attend_window(q, kk, vv, bias, scale, dt, EMULATE_RNE)
             tl.store(att_ptr + b * (NH * D) + qh[:, None] * D + cols[None, :], _round(out, dt, EMULATE_RNE),
                      mask=q_ok[:, None])
 

@@ -22,7 +22,7 @@ from ._util import require
 from .pdl import launch_options
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _pdl_enter = _round = _heads_norm_rope = _rope_q_kv = None
+triton = tl = _pdl_enter = _round = _heads_norm_rope = _token_kv = _put_kv = _rope_q_kv = None
 
 
 def _norm_rope(qkv, qk_norm_weight, cos, sin_signed, eps, d, nh, nkv):
@@ -64,7 +64,7 @@ def prefill_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cach
 
 @functools.cache
 def _kernel():
-    global triton, tl, _pdl_enter, _round, _heads_norm_rope, _rope_q_kv
+    global triton, tl, _pdl_enter, _round, _heads_norm_rope, _token_kv, _put_kv, _rope_q_kv
     import triton
     import triton.language as tl
 
@@ -91,6 +91,26 @@ def _kernel():
                       dt, EMULATE_RNE)
 
     @triton.jit
+    def _token_kv(row, qkn_ptr, h, cols, rot, c, s, eps, NH: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
+                  dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """kv head h of a decode token's qkv row: (k normed and rotated, v, live) as two [2, D] tiles whose
+        first row is the head (the smallest 2-D tile) and the mask of that row (`_put_kv` stores them).
+        Shared by every kernel that writes a decode token's k / v."""
+        ki = tl.arange(0, 2)
+        live = ki < 1
+        k = _heads_norm_rope(row, qkn_ptr, NH + h + ki, live, cols, rot, c, s, eps, D, dt, EMULATE_RNE)
+        v = tl.load(row + (NH + NKV + h + ki)[:, None] * D + cols[None, :], mask=live[:, None], other=0.0,
+                    cache_modifier=".cg")
+        return k, v, live
+
+    @triton.jit
+    def _put_kv(k_at, v_at, k, v, live, cols):
+        """Stores `_token_kv`'s tiles: k_at / v_at point at the token's row of each cache."""
+        at = tl.arange(0, 2)[:, None] * 0 + cols[None, :]
+        tl.store(k_at + at, k, mask=live[:, None])
+        tl.store(v_at + at, v, mask=live[:, None])
+
+    @triton.jit
     def _rope_q_kv(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, write_kv, stride_qkv, stride_cos,
                    skb, skh, sks, svb, svh, svs, eps, G, R: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr,
                    D: tl.constexpr, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
@@ -107,12 +127,8 @@ def _kernel():
         gi = tl.arange(0, R)
         q = _heads_norm_rope(row, qkn_ptr, h * G + gi, gi < G, cols, rot, c, s, eps, D, dt, EMULATE_RNE)
         if write_kv:
-            ki = tl.arange(0, 2)
-            one = ki < 1  # a tile of two heads with only the first one live (the smallest 2-D tile)
-            k = _heads_norm_rope(row, qkn_ptr, NH + h + ki, one, cols, rot, c, s, eps, D, dt, EMULATE_RNE)
-            tl.store(k_ptr + b * skb + h * skh + pos * sks + ki[:, None] * 0 + cols[None, :], k, mask=one[:, None])
-            v = tl.load(row + (NH + NKV + h + ki)[:, None] * D + cols[None, :], mask=one[:, None], other=0.0)
-            tl.store(v_ptr + b * svb + h * svh + pos * svs + ki[:, None] * 0 + cols[None, :], v, mask=one[:, None])
+            k, v, live = _token_kv(row, qkn_ptr, h, cols, rot, c, s, eps, NH, NKV, D, dt, EMULATE_RNE)
+            _put_kv(k_ptr + b * skb + h * skh + pos * sks, v_ptr + b * svb + h * svh + pos * svs, k, v, live, cols)
             tl.debug_barrier()  # the program's own cache writes are seen by all its threads
         return q
 
