@@ -407,6 +407,24 @@ def test_sample_returns_embedding_rows(width):
     assert torch.equal(ref_rows, table[ref_ids])
 
 
+def test_sample_returns_rows_of_a_second_table():
+    """embed2 (the 1.7B's projected copy, frame_graph.projected_tables): its rows at the same ids come last,
+    whatever its width; and it needs embed."""
+    from engine import sampling
+    from engine.kernels import sample as k
+
+    logits, settings = st.sampling_case(DEV, 3, 2048, 3, **SAMPLE_CASES["default"])
+    draw = {"keys": sampling.take_keys(5, range(3), DEV), "step": torch.tensor([1], device=DEV), "slot": 2}
+    gen = torch.Generator().manual_seed(2)
+    table, table2 = torch.randn(2048, 40, generator=gen), torch.randn(2048, 1100, generator=gen)
+    ids, rows, rows2 = k.sample(logits, *settings, **draw, embed=table, embed2=table2)
+    assert torch.equal(ids, k.sample(logits, *settings, **draw))
+    assert torch.equal(rows, table[ids]) and torch.equal(rows2, table2[ids])
+    ref_ids, _, ref_rows2 = k.reference(logits, *settings, **draw, embed=table, embed2=table2)
+    assert torch.equal(ref_rows2, table2[ref_ids])
+    with pytest.raises(Exception, match="embed2 comes with embed"):
+        k.sample(logits, *settings, **draw, embed2=table2)
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_sample_negative_zero_ties_positive_zero(dtype):
     """Top-1 of a row whose maximum is 0.0 at one id and -0.0 at another keeps both (they compare equal,

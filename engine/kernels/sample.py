@@ -39,7 +39,7 @@ triton = tl = libdevice = _exp = _log = _mix32 = _order_key = _pdl_enter = None 
 
 def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
               first=None, penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
-              finished=None, update=False, embed=None):
+              finished=None, update=False, embed=None, embed2=None):
     """The torch ops of frame_graph.frame_body / graph_sampling.choose (the off path and the oracle)."""
     from .. import sampling
     from ..gpu import graph_sampling
@@ -59,7 +59,10 @@ def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=No
     if update:
         seen.scatter_(1, ids[:, None], True)
         finished |= eos_mask[ids]
-    return ids if embed is None else (ids, torch.nn.functional.embedding(ids, embed))
+    if embed is None:
+        return ids
+    rows = torch.nn.functional.embedding(ids, embed)
+    return (ids, rows) if embed2 is None else (ids, rows, torch.nn.functional.embedding(ids, embed2))
 
 
 @functools.cache
@@ -110,8 +113,10 @@ def _kernel():
                       keys_ptr, step_ptr, stride_step, slot,
                       penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, stride_t, min_new_ptr,
                       finished_ptr, emb_ptr, stride_emb, emb_out_ptr, stride_emb_out, E,
+                      emb2_ptr, stride_emb2, emb2_out_ptr, stride_emb2_out, E2,
                       V, BLOCK: tl.constexpr, HAS_U: tl.constexpr, PENALTY: tl.constexpr, UPDATE: tl.constexpr,
-                      EMBED: tl.constexpr, BLOCK_E: tl.constexpr, KEY_BITS: tl.constexpr, PDL: tl.constexpr):
+                      EMBED: tl.constexpr, EMBED2: tl.constexpr, BLOCK_E: tl.constexpr, KEY_BITS: tl.constexpr,
+                      PDL: tl.constexpr):
         _pdl_enter(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
@@ -183,6 +188,11 @@ def _kernel():
                 ce = e0 + tl.arange(0, BLOCK_E)
                 row_e = tl.load(emb_ptr + idx * stride_emb + ce, mask=ce < E)
                 tl.store(emb_out_ptr + row * stride_emb_out + ce, row_e, mask=ce < E)
+        if EMBED2:  # and its row of a second table (the 1.7B's projected copy: saves a projection launch)
+            for e0 in range(0, E2, BLOCK_E):
+                ce = e0 + tl.arange(0, BLOCK_E)
+                row_e = tl.load(emb2_ptr + idx * stride_emb2 + ce, mask=ce < E2)
+                tl.store(emb2_out_ptr + row * stride_emb2_out + ce, row_e, mask=ce < E2)
         if UPDATE:
             tl.store(seen_ptr + row * stride_seen + idx, 1)
             fin = tl.load(finished_ptr + row) | tl.load(eos_ptr + idx)
@@ -200,7 +210,7 @@ WARPS = 16
 
 def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
            penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
-           finished=None, update=False, embed=None, pdl=False, warps=None):
+           finished=None, update=False, embed=None, embed2=None, pdl=False, warps=None):
     """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
 
     Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
@@ -210,6 +220,7 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     min_new long;
     update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool).
     embed: an embedding table [V', E] (rows contiguous): also return its rows at the ids, (ids, [B, E]).
+    embed2 (with embed): a second such table [V', E2], whose rows come last, (ids, [B, E], [B, E2]).
     warps: the program's warp count (default WARPS)."""
     b, vocab = logits.shape
     require(logits.stride(-1) == 1, "contiguous logits rows")
@@ -230,12 +241,15 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     def per_row(x):  # a tensor with one value per row is read at row * 1, a shared one at offset 0
         return 1 if x is not None and x.numel() == b and b > 1 else 0
 
-    rows = None
-    embedding = (dummy, 0, dummy, 0, 0)  # table, its row stride, the rows out, their stride, width
-    if embed is not None:
-        require(embed.stride(-1) == 1, "contiguous embedding rows")
-        rows = torch.empty(b, embed.shape[1], dtype=embed.dtype, device=embed.device)
-        embedding = (embed, embed.stride(0), rows, rows.stride(0), embed.shape[1])
+    require(embed2 is None or embed is not None, "embed2 comes with embed")
+    outs, embedding = [], []
+    for table in (embed, embed2):  # per table: itself, its row stride, the rows out, their stride, width
+        if table is None:
+            embedding += [dummy, 0, dummy, 0, 0]
+            continue
+        require(table.stride(-1) == 1, "contiguous embedding rows")
+        outs.append(torch.empty(b, table.shape[1], dtype=table.dtype, device=table.device))
+        embedding += [table, table.stride(0), outs[-1], outs[-1].stride(0), table.shape[1]]
     block = next_pow2(vocab)
     key_bits = 16 if logits.dtype == torch.bfloat16 and not pen else 32  # see the module docstring
     _kernel()[(b,)](
@@ -246,5 +260,5 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,
         per_row(t) if pen else 0, min_new if pen else ids, u8(finished) if update else dummy,
         *embedding, vocab, BLOCK=block, HAS_U=has_u, PENALTY=pen, UPDATE=bool(update), EMBED=embed is not None,
-        BLOCK_E=1024, KEY_BITS=key_bits, num_warps=warps or WARPS, **launch_options(pdl))
-    return ids if rows is None else (ids, rows)
+        EMBED2=embed2 is not None, BLOCK_E=1024, KEY_BITS=key_bits, num_warps=warps or WARPS, **launch_options(pdl))
+    return (ids, *outs) if outs else ids
