@@ -53,6 +53,9 @@ class FrameChunk:
     done: bool  # no further chunk follows
     rows: tuple = ()  # the row each slot held during this chunk (-1: none)
     ended: tuple = ()  # rows whose last frames are in this chunk (their slots are free afterwards)
+    # CUDA, prelaunch: an event recorded after this chunk's tensors and before the next frame, for a side
+    # stream that must wait for the chunk but not for the frame launched ahead (Engine.stream's codec).
+    ready: object = None
 
 
 def prefill_into(talker, prompt: Prompt, cache, slots) -> torch.Tensor:
@@ -286,6 +289,9 @@ def decode_rows(
             # The next chunk's first frame goes to the GPU before this chunk is handed on, so the GPU
             # works through the consumer's host time instead of waiting for it. Nothing is guessed: the
             # rows that ended are known, and no row is admitted before it.
+            if device.type == "cuda":
+                chunk.ready = torch.cuda.Event()
+                chunk.ready.record()
             n = chunk_size()
             launched.append(step())
         yield chunk
