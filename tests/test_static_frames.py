@@ -34,6 +34,21 @@ def test_static_frame_body_equals_eager(engine, monkeypatch, greedy, takes):
     assert torch.equal(eager, graph)
 
 
+def test_projected_tables_are_the_projected_rows(engine):
+    """The tiny predictor is narrower than its talker (as the 1.7B's): the frame's predictor inputs are rows of
+    projected copies of the c0 table and codebooks 1..14, each the projection of the plain row (the test above
+    runs them against the eager loop, which projects every input)."""
+    talker = engine.talker
+    proj = talker.code_predictor.small_to_mtp_projection
+    assert isinstance(proj, torch.nn.Linear)
+    tables = frame_graph.projected_tables(talker)
+    plain = [talker.model.codec_embedding.weight] + [e.weight for e in talker.code_predictor.model.codec_embedding]
+    assert len(tables) == len(plain) - 1  # the last codebook feeds no pass
+    for table, rows in zip(tables, plain):
+        assert table.shape == (rows.shape[0], proj.out_features) and table.dtype == rows.dtype
+        torch.testing.assert_close(table, proj(rows), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("pad", [0, 21])
 def test_fused_prefill_equals_module_forward(engine, pad):
     """FusedStack.prefill (what the prefill graphs capture; every op its torch reference here) against the
