@@ -46,7 +46,7 @@ def attention_launches(rows: int) -> None:
 
 def small_launches(rows: int) -> None:
     """rms_norm, qk_norm_rope_kv, and sampling: the residual codebooks' bf16 logits (2048 ids, 16-bit keys),
-    float32 logits at the talker's 3072, and codebook 0 with its penalty."""
+    float32 logits at the talker's 3072, the embedding rows handed back, and codebook 0 with its penalty."""
     from engine import sampling
     from engine.kernels import sample
     from engine.kernels import selftest as st
@@ -57,6 +57,12 @@ def small_launches(rows: int) -> None:
         logits, settings = st.sampling_case("cpu", rows, vocab, 0, dtype=dtype)
         sample.sample(logits, *settings, keys=sampling.take_keys(0, range(rows), "cpu"), step=torch.tensor([3]),
                       slot=0)
+    # as a frame launches them: with the chosen ids' embedding rows, and on the 1.7B their projected rows too
+    logits, settings = st.sampling_case("cpu", rows, 2048, 0, dtype=BF16)
+    table, projected = torch.zeros(2048, 2048, dtype=BF16), torch.zeros(2048, 1024, dtype=BF16)
+    for second in (None, projected):
+        sample.sample(logits, *settings, keys=sampling.take_keys(0, range(rows), "cpu"), step=torch.tensor([3]),
+                      slot=0, embed=table, embed2=second)
     st.check_sample_penalty("cpu", rows)
 
 

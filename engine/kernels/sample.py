@@ -34,7 +34,7 @@ import torch
 from ._util import next_pow2, require
 from .pdl import launch_options
 
-triton = tl = libdevice = _exp = _log = _mix32 = _order_key = _pdl_enter = None  # bound on first use by _kernel()
+triton = tl = libdevice = _exp = _log = _mix32 = _order_key = _copy_row = _pdl_enter = None  # bound by _kernel()
 
 
 def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
@@ -67,7 +67,7 @@ def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=No
 
 @functools.cache
 def _kernel():
-    global triton, tl, _exp, _log, _mix32, _order_key, _pdl_enter  # the interpreter resolves module globals
+    global triton, tl, _exp, _log, _mix32, _order_key, _copy_row, _pdl_enter  # the interpreter resolves globals
     import triton
     import triton.language as tl
 
@@ -106,6 +106,13 @@ def _kernel():
     def _order_key(x):  # -0.0 gets +0.0's key: they tie, as float comparison (and the torch path) has it
         bits = tl.where(x == 0.0, 0.0, x).to(tl.uint32, bitcast=True)
         return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
+
+    @triton.jit
+    def _copy_row(table_ptr, idx, stride_table, out_ptr, stride_out, row, E, BLOCK_E: tl.constexpr):
+        for e0 in range(0, E, BLOCK_E):
+            ce = e0 + tl.arange(0, BLOCK_E)
+            tl.store(out_ptr + row * stride_out + ce, tl.load(table_ptr + idx * stride_table + ce, mask=ce < E),
+                     mask=ce < E)
 
     @triton.jit
     def sample_kernel(logits_ptr, stride_l, u_ptr, stride_u, ids_ptr,
@@ -184,15 +191,9 @@ def _kernel():
             idx = tl.argmax(lg, axis=0)  # greedy: first maximum
         tl.store(ids_ptr + row, idx.to(tl.int64))
         if EMBED:  # the chosen id's embedding row, the next step's input (saves a lookup launch)
-            for e0 in range(0, E, BLOCK_E):
-                ce = e0 + tl.arange(0, BLOCK_E)
-                row_e = tl.load(emb_ptr + idx * stride_emb + ce, mask=ce < E)
-                tl.store(emb_out_ptr + row * stride_emb_out + ce, row_e, mask=ce < E)
+            _copy_row(emb_ptr, idx, stride_emb, emb_out_ptr, stride_emb_out, row, E, BLOCK_E)
         if EMBED2:  # and its row of a second table (the 1.7B's projected copy: saves a projection launch)
-            for e0 in range(0, E2, BLOCK_E):
-                ce = e0 + tl.arange(0, BLOCK_E)
-                row_e = tl.load(emb2_ptr + idx * stride_emb2 + ce, mask=ce < E2)
-                tl.store(emb2_out_ptr + row * stride_emb2_out + ce, row_e, mask=ce < E2)
+            _copy_row(emb2_ptr, idx, stride_emb2, emb2_out_ptr, stride_emb2_out, row, E2, BLOCK_E)
         if UPDATE:
             tl.store(seen_ptr + row * stride_seen + idx, 1)
             fin = tl.load(finished_ptr + row) | tl.load(eos_ptr + idx)
