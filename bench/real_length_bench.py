@@ -144,10 +144,16 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
         phases = {"script": clocks.during(t_script, t_steady), "steady": clocks.during(t_steady, time.perf_counter())}
     more = []  # the script and the steady phase again in the same process: does their gap move, or stay?
     for _ in range(rounds - 1):
-        again = [one(lang, text, frames, seed=i) for i, (lang, text, frames) in enumerate(script())]
+        again = []
+        with GcPauses() as pauses:  # per request, as in the first round (the 1.7B's later rounds ran slower)
+            for i, (lang, text, frames) in enumerate(script()):
+                t0 = time.perf_counter()
+                again.append(one(lang, text, frames, seed=i))
+                again[-1]["gc"] = pauses.during(t0, time.perf_counter())
         again_steady, again_walls = steady_phase()
         summary = summarise(again, again_steady, takes)
         more.append({"steady_walls_s": again_walls, "walls_s": [r["wall_s"] for r in again],
+                     "gc": [r["gc"] for r in again],
                      **{k: summary[k] for k in ("steady_ms_per_frame", "overhead_p50_ms", "overhead_p95_ms",
                                                "long_requests_ms_per_frame")}})
     out = {"engine": "ours", "mode": mode, "takes": takes, "load_s": load_s, "cuda_start_s": cuda_start_s,
