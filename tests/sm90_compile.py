@@ -53,16 +53,15 @@ def small_launches(rows: int) -> None:
 
     st.check_rms_norm("cpu", BF16, rows, 1024)
     st.check_qk_norm_rope_kv("cpu", BF16, rows, seq=64, per_row=rows > 1)
+    draw = {"keys": sampling.take_keys(0, range(rows), "cpu"), "step": torch.tensor([3]), "slot": 0}
     for vocab, dtype in ((2048, BF16), (3072, torch.float32)):
         logits, settings = st.sampling_case("cpu", rows, vocab, 0, dtype=dtype)
-        sample.sample(logits, *settings, keys=sampling.take_keys(0, range(rows), "cpu"), step=torch.tensor([3]),
-                      slot=0)
+        sample.sample(logits, *settings, **draw)
     # as a frame launches them: with the chosen ids' embedding rows, and on the 1.7B their projected rows too
     logits, settings = st.sampling_case("cpu", rows, 2048, 0, dtype=BF16)
     table, projected = torch.zeros(2048, 2048, dtype=BF16), torch.zeros(2048, 1024, dtype=BF16)
     for second in (None, projected):
-        sample.sample(logits, *settings, keys=sampling.take_keys(0, range(rows), "cpu"), step=torch.tensor([3]),
-                      slot=0, embed=table, embed2=second)
+        sample.sample(logits, *settings, **draw, embed=table, embed2=second)
     st.check_sample_penalty("cpu", rows)
 
 

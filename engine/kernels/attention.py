@@ -327,11 +327,16 @@ def rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, 
     (qkv [B, (nh + 2 nkv) * D] or [B, 1, ...], pos one position or one per row, cos / sin to match)."""
     b = qkv.shape[0]
     qkv2, cos, sin_signed, d = kq._inputs(qkv, qk_norm_weight, cos, sin_signed, k_cache, v_cache, nh, nkv)
-    per_row = b > 1 and pos.numel() == b
-    require(cos.shape[0] == (b if per_row else 1) == sin_signed.shape[0], "one RoPE row per batch row, or one for all")
+    per_row = kq._rows_at_own_positions(b, pos, cos, sin_signed)
     require(nkv == k_cache.shape[1], "the caches hold nkv heads")
     rope = (qk_norm_weight, cos, sin_signed, pos, 1 if per_row else 0, d if per_row else 0, float(eps))
     return _launch(qkv2, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config)
+
+
+def bias_row_stride(bias, b: int) -> int:
+    """The stride between rows of `bias` as the kernels read it: its window for one row each ([B, 1, 1, W]),
+    0 for one shared by every row ([W] or [1, 1, 1, W])."""
+    return bias.shape[-1] if bias.dim() > 1 and bias.shape[0] == b > 1 else 0
 
 
 def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config):
@@ -341,11 +346,10 @@ def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, con
     g = nh // nkv
     window = bias.shape[-1]
     require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and bias.is_contiguous(), "contiguous caches and bias")
-    per_row = bias.dim() > 1 and bias.shape[0] == b > 1
     out = torch.empty(b, nkv, g, d, dtype=q.dtype, device=q.device)
     p = plan(b, nkv, window, sm_count(q.device), chunk, config, block_n, fused=rope is not None)
     single, split = _kernel()
-    args = (q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), window if per_row else 0,
+    args = (q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), bias_row_stride(bias, b),
             window)
     rope_args = rope if rope is not None else (q, q, q, q, 0, 0, 0.0)
     flags = {"ROPE": rope is not None, "NH": nh, "NKV": nkv,

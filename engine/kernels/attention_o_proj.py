@@ -38,7 +38,7 @@ from ._util import next_pow2, require
 from .pdl import launch_options
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _pdl_enter = _round = _heads_norm_rope = _token_kv = _put_kv = _attend_window = _finish = None
+triton = tl = _pdl_enter = _round = _heads_norm_rope = _token_kv = _live_row = _put_kv = _attend_window = _finish = None
 
 # The launch runs rows up to MAX_ROWS (the linear kernel's FMA rows; above, the tensor-core paths win and
 # the attention work per program grows with rows) and windows up to MAX_WINDOW (the whole window is one
@@ -70,7 +70,7 @@ def fits(rows: int, window: int) -> bool:
 
 @functools.cache
 def _kernel():
-    global triton, tl, _pdl_enter, _round, _heads_norm_rope, _token_kv, _put_kv, _attend_window, _finish
+    global triton, tl, _pdl_enter, _round, _heads_norm_rope, _token_kv, _live_row, _put_kv, _attend_window, _finish
     import triton
     import triton.language as tl
 
@@ -78,7 +78,7 @@ def _kernel():
     _pdl_enter = enter()
     ka._kernel()  # binds the helpers of linear and qk_norm_rope_kv too
     _round, _finish, _attend_window = kl._round, kl._finish, ka._attend_window
-    _heads_norm_rope, _token_kv, _put_kv = kq._heads_norm_rope, kq._token_kv, kq._put_kv
+    _heads_norm_rope, _token_kv, _live_row, _put_kv = kq._heads_norm_rope, kq._token_kv, kq._live_row, kq._put_kv
 
     @triton.jit
     def attention_o_proj_kernel(qkv_ptr, stride_qkv, qkn_ptr, cos_ptr, sin_ptr, stride_cos, pos_ptr, stride_pos,
@@ -120,10 +120,8 @@ def _kernel():
                 _put_kv(k_ptr + r * skb + h * skh + pos * sks, v_ptr + r * svb + h * svh + pos * svs, k2, v2, live,
                         di)
             here = (wi == pos)[:, None]
-            k = tl.where(here, tl.sum(tl.where(live[:, None], k2.to(tl.float32), 0.0), axis=0)[None, :],
-                         kc.to(tl.float32))
-            v = tl.where(here, tl.sum(tl.where(live[:, None], v2.to(tl.float32), 0.0), axis=0)[None, :],
-                         vc.to(tl.float32))
+            k = tl.where(here, _live_row(k2, live)[None, :], kc.to(tl.float32))
+            v = tl.where(here, _live_row(v2, live)[None, :], vc.to(tl.float32))
             out = _attend_window(q.to(tl.float32), k, v, bias, scale, dt, EMULATE_RNE)  # [GP, D]
             out = _round(out, dt, EMULATE_RNE).to(tl.float32)
             part = tl.sum(tl.sum(wt * out[None, :, :], axis=2), axis=1)  # [BLOCK_N]
@@ -145,8 +143,7 @@ def attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache
     require(b <= MAX_ROWS and window <= MAX_WINDOW,
             f"attention_o_proj runs {MAX_ROWS} rows and windows of {MAX_WINDOW} positions at most")
     qkv2, cos, sin_signed, d = kq._inputs(qkv, qk_norm_weight, cos, sin_signed, k_cache, v_cache, nh, nkv)
-    per_row = b > 1 and pos.numel() == b
-    require(cos.shape[0] == (b if per_row else 1) == sin_signed.shape[0], "one RoPE row per batch row, or one for all")
+    per_row = kq._rows_at_own_positions(b, pos, cos, sin_signed)
     require(nkv == k_cache.shape[1] and nh % nkv == 0, "the caches hold nkv heads, each for nh / nkv query heads")
     require(bias.is_contiguous() and (bias.dim() == 1 or bias.shape[0] in (1, b)), "bias [W] or [B, 1, 1, W]")
     n = weight.shape[0]
@@ -163,7 +160,7 @@ def attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache
     _kernel()[(n_blocks, nkv)](
         qkv2, qkv2.stride(0), qk_norm_weight, cos, sin_signed, d if per_row else 0, pos, 1 if per_row else 0,
         float(eps), k_cache, v_cache, *k_cache.stride()[:3], *v_cache.stride()[:3],
-        bias, window if bias.dim() > 1 and bias.shape[0] == b > 1 else 0, window, float(scale),
+        bias, ka.bias_row_stride(bias, b), window, float(scale),
         weight, weight.stride(0), res, res.stride(0), y, y.stride(0), part, counters, b, n,
         NH=nh, NKV=nkv, G=g, GP=max(next_pow2(g), 1), D=d, BLOCK_M=next_pow2(b), BLOCK_N=block_n,
         BLOCK_W=max(next_pow2(window), 2), SP=kl.unrolled_splits(nkv),

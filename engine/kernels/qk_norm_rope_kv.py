@@ -22,7 +22,7 @@ from ._util import require
 from .pdl import launch_options
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _pdl_enter = _round = _heads_norm_rope = _token_kv = _put_kv = _rope_q_kv = None
+triton = tl = _pdl_enter = _round = _heads_norm_rope = _token_kv = _live_row = _put_kv = _rope_q_kv = None
 
 
 def _norm_rope(qkv, qk_norm_weight, cos, sin_signed, eps, d, nh, nkv):
@@ -64,7 +64,7 @@ def prefill_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cach
 
 @functools.cache
 def _kernel():
-    global triton, tl, _pdl_enter, _round, _heads_norm_rope, _token_kv, _put_kv, _rope_q_kv
+    global triton, tl, _pdl_enter, _round, _heads_norm_rope, _token_kv, _live_row, _put_kv, _rope_q_kv
     import triton
     import triton.language as tl
 
@@ -102,6 +102,11 @@ def _kernel():
         v = tl.load(row + (NH + NKV + h + ki)[:, None] * D + cols[None, :], mask=live[:, None], other=0.0,
                     cache_modifier=".cg")
         return k, v, live
+
+    @triton.jit
+    def _live_row(x, live):
+        """The one live row of a `_token_kv` tile, [D] in fp32 (for a kernel that uses it from registers)."""
+        return tl.sum(tl.where(live[:, None], x.to(tl.float32), 0.0), axis=0)
 
     @triton.jit
     def _put_kv(k_at, v_at, k, v, live, cols):
@@ -181,6 +186,14 @@ def _inputs(qkv, qk_norm_weight, cos, sin_signed, k_cache, v_cache, nh, nkv):
     return qkv2, cos.reshape(-1, d).contiguous(), sin_signed.reshape(-1, d).contiguous(), d
 
 
+def _rows_at_own_positions(b, pos, cos, sin_signed) -> bool:
+    """Whether a decode launch's rows each sit at their own position (pos [B], one RoPE row each) rather than
+    all at one; checks that the RoPE tables (as `_inputs` returns them) match."""
+    per_row = b > 1 and pos.numel() == b
+    require(cos.shape[0] == (b if per_row else 1) == sin_signed.shape[0], "one RoPE row per batch row, or one for all")
+    return per_row
+
+
 def qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv, pdl=False):
     """qkv [B, (nh + 2 nkv) * D] or [B, 1, ...]; qk_norm_weight [nh + nkv, D] contiguous; cos, sin_signed
     [D] (any leading 1-dims) or [B, D] (one position per row); k_cache, v_cache [B, nkv, S, D] with
@@ -188,8 +201,7 @@ def qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache,
     (contiguous) in qkv.dtype."""
     b = qkv.shape[0]
     qkv2, cos, sin_signed, d = _inputs(qkv, qk_norm_weight, cos, sin_signed, k_cache, v_cache, nh, nkv)
-    per_row = b > 1 and pos.numel() == b
-    require(cos.shape[0] == (b if per_row else 1) == sin_signed.shape[0], "one RoPE row per batch row, or one for all")
+    per_row = _rows_at_own_positions(b, pos, cos, sin_signed)
     q = torch.empty(b, nh, d, dtype=qkv.dtype, device=qkv.device)
     _kernel()[(b, nh + 2 * nkv)](
         qkv2, qk_norm_weight, cos, sin_signed, q, k_cache, v_cache, pos,
