@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 ROWS = (1, 4, 16)
 SHOWN = ("PROLOGUE", "RESIDUAL", "HAS_BIAS", "ONE_TILE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "USE_DOT", "SWAP_AB", "BN_W",
-         "BK_W", "ROPE", "R", "SP", "BLOCK", "KEY_BITS", "PENALTY", "EMBED", "EMBED2", "V")
+         "BK_W", "ROPE", "R", "SP", "SS_STEPS", "BLOCK", "KEY_BITS", "PENALTY", "EMBED", "EMBED2", "V")
 
 
 def launches(rows_of: dict) -> None:

@@ -366,6 +366,24 @@ def test_linear_unrolled_split_sum_same_bits(monkeypatch):
     assert st.check_linear(DEV, torch.float32, 2, 40, 600, "none", True, config=SMALL_LINEAR, target=64) == 19
 
 
+def test_linear_unrolled_norm_same_bits(monkeypatch):
+    """The RMSNorm prologue's sum of squares unrolled over the row's steps gives the same bits as the loop
+    (same order); rows whose tiles hold more than UNROLL_NORM_VALUES values take the loop."""
+    from engine.kernels import linear as kl
+
+    assert [kl.norm_steps(k, 256, 16) for k in (256, 1000, 1024, 1025, 2048)] == [1, 4, 4, 0, 0]
+    assert [kl.norm_steps(k, 1024, 1) for k in (1024, 2048, 6144)] == [1, 2, 6]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 1, 200, generator=g)
+    w = torch.randn(40, 200, generator=g) * 0.07
+    nw = torch.rand(200, generator=g) + 0.5
+    p = kl.plan(3, 40, 200, SMALL_LINEAR, 8, prologue="rms_norm")
+    assert kl.norm_steps(200, p["BLOCK_K"], p["BLOCK_M"]) == 7  # 16-row tiles (tensor cores), 7 steps of 32
+    unrolled = kl.linear(x, w, prologue="rms_norm", norm_weight=nw, config=SMALL_LINEAR, target=8)
+    monkeypatch.setattr(kl, "UNROLL_NORM_VALUES", 0)
+    assert torch.equal(unrolled, kl.linear(x, w, prologue="rms_norm", norm_weight=nw, config=SMALL_LINEAR, target=8))
+
+
 SAMPLE_CASES = st.SAMPLE_CASES
 
 

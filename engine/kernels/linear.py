@@ -179,7 +179,7 @@ def _kernel():
                       PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                       USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr, ONE_TILE: tl.constexpr,
                       SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SP: tl.constexpr, PDL: tl.constexpr):
+                      SP: tl.constexpr, SS_STEPS: tl.constexpr, PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         splits = tl.num_programs(1)
@@ -211,11 +211,18 @@ def _kernel():
             rinv = tl.zeros([BLOCK_M], tl.float32)
             if PROLOGUE == 1:  # RMS of each full row (every program recomputes it: M x K from L2 is cheap)
                 ss = tl.zeros([BLOCK_M], tl.float32)
-                for k0 in range(0, K, BLOCK_K):
-                    rk2 = k0 + tl.arange(0, BLOCK_K)
-                    xv = tl.load(x_ptr + rm[:, None] * stride_x + rk2[None, :],
-                                 mask=m_ok[:, None] & (rk2[None, :] < K), other=0.0).to(tl.float32)
-                    ss += tl.sum(xv * xv, axis=1)
+                if SS_STEPS > 0:  # unrolled: the row's loads go out together, not one L2 round trip per step
+                    for i in tl.static_range(SS_STEPS):
+                        rk2 = i * BLOCK_K + tl.arange(0, BLOCK_K)
+                        xv = tl.load(x_ptr + rm[:, None] * stride_x + rk2[None, :],
+                                     mask=m_ok[:, None] & (rk2[None, :] < K), other=0.0).to(tl.float32)
+                        ss += tl.sum(xv * xv, axis=1)
+                else:
+                    for k0 in range(0, K, BLOCK_K):
+                        rk2 = k0 + tl.arange(0, BLOCK_K)
+                        xv = tl.load(x_ptr + rm[:, None] * stride_x + rk2[None, :],
+                                     mask=m_ok[:, None] & (rk2[None, :] < K), other=0.0).to(tl.float32)
+                        ss += tl.sum(xv * xv, axis=1)
                 rinv = tl.rsqrt(ss / K + eps)
             a = _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE, dt, EMULATE_RNE)
             acc = _mma(acc, a, w, USE_DOT, IEEE, SWAP_AB)
@@ -262,6 +269,20 @@ UNROLL_SPLITS = 16
 def unrolled_splits(splits: int) -> int:
     """`_finish`'s SP for a launch of `splits` programs per column block (0: the loop)."""
     return next_pow2(splits) if 1 < splits <= UNROLL_SPLITS else 0
+
+
+# The RMSNorm prologue's sum of squares over the rows is unrolled (its loads go out together) while the rows'
+# tiles hold at most this many values; past it the loop keeps the registers: at 16 rows a 2048-wide row would
+# take 8 steps of [16, 256], and ptxas spills 728 bytes a thread there (bench/register_usage.py).
+# Measured (H100; bench/results/norm_unroll_h100.md): frame graphs 0.6B 16 takes 4.116 -> 4.058 ms, 1.7B one take
+# 3.673 -> 3.650; the 250-frame bench's 16 takes 4.68 -> 4.61 ms a batched frame.
+UNROLL_NORM_VALUES = 16 * 1024
+
+
+def norm_steps(k: int, block_k: int, block_m: int) -> int:
+    """The kernel's SS_STEPS for block_m rows K wide, read in block_k steps (0: the loop)."""
+    steps = -(-k // block_k)
+    return steps if steps * block_k * block_m <= UNROLL_NORM_VALUES else 0
 
 
 @functools.cache
@@ -337,5 +358,6 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
         IEEE=x.dtype == torch.float32 or interpreting(), EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
         ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2, SWAP_AB=p["SWAP_AB"],
         BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"], SP=unrolled_splits(p["splits"]),
+        SS_STEPS=norm_steps(k, p["BLOCK_K"], p["BLOCK_M"]) if code == 1 else 0,
         num_warps=p["num_warps"], num_stages=p["num_stages"], **launch_options(pdl))
     return y.view(*lead, n)
