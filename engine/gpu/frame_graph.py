@@ -183,19 +183,22 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
     # Codebook 0 in one op: penalty, suppression, sampling and the bookkeeping (seen, finished).
     # The sampling launches also hand back the chosen ids' embedding rows (no separate lookups).
     # On the 1.7B they also hand back the row of the projected copy (projected_tables), the predictor's input.
-    projected = fused.get("projected")
+    projected = fused.get("projected") or []
+
+    def projected_table(j):  # None: no projection (0.6B), or codebook 15, which feeds no pass
+        return projected[j] if j < len(projected) else None
+
     c0, c0_embed, *c0_in = ks.sample(codec_logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
                                      **draws(0, codec_logits.shape[-1]), penalty=p["penalty"], seen=s.seen,
                                      banned=s.banned, eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"],
                                      finished=s.finished, update=True, embed=talker.model.codec_embedding.weight,
-                                     embed2=projected[0] if projected else None)
+                                     embed2=projected_table(0))
     torch.logical_not(s.finished, out=s.valid)
 
     def choose_residual(lg, j):
         table = pred.model.codec_embedding[j - 1].weight
-        feeds = projected is not None and j < len(projected)  # codebook 15 feeds no pass
         code, embed, *x = ks.sample(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
-                                    **draws(j, lg.shape[-1]), embed=table, embed2=projected[j] if feeds else None)
+                                    **draws(j, lg.shape[-1]), embed=table, embed2=projected_table(j))
         return code, embed, x[0] if x else embed
 
     rest, embeds = predict_residuals(talker, fused["predictor"], s, c0_in[0] if c0_in else c0_embed,
@@ -224,7 +227,8 @@ class GraphedFrames:
                       "predictor": FusedStack(talker.code_predictor.model, self.kernels),
                       "projected": projected_tables(talker)}
         self.max_seq_len = max_seq_len
-        self.trailing_rows = max_seq_len + 1  # trailing_table holds at most max_frames + 1 <= max_seq_len + 1 rows per row
+        # trailing_table holds at most max_frames + 1 <= max_seq_len + 1 rows per row
+        self.trailing_rows = max_seq_len + 1
         self.capture_enabled = capture
         self.states: dict[int, FrameState] = {}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}

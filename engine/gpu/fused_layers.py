@@ -48,8 +48,8 @@ class FusedLayer:
         self.eps = layer.input_layernorm.eps
         self.qk_eps = attn.q_norm.eps
         with torch.no_grad():
-            self.qkv = _merge_rows([attn.q_proj, attn.k_proj, attn.v_proj])
-            self.gate_up = _merge_rows([layer.mlp.gate_proj, layer.mlp.up_proj])
+            self.qkv = _share_merged_rows([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.gate_up = _share_merged_rows([layer.mlp.gate_proj, layer.mlp.up_proj])
             self.qk_norm = torch.cat([attn.q_norm.weight.expand(self.nh, self.d),
                                       attn.k_norm.weight.expand(self.nkv, self.d)])
 
@@ -79,7 +79,9 @@ class FusedLayer:
         return x.addmm_(F.silu(gu[:, :inter]) * gu[:, inter:], lay.mlp.down_proj.weight.t())
 
 
-def _merge_rows(linears) -> torch.Tensor:
+def _share_merged_rows(linears) -> torch.Tensor:
+    """The linears' weights stacked by output rows into one tensor, each linear's weight re-pointed at its rows
+    of it: one copy in memory, shared (unlike the codec's _merged_rows, which keeps a derived copy beside them)."""
     merged = torch.cat([lin.weight for lin in linears], 0)
     start = 0
     for lin in linears:
