@@ -18,8 +18,9 @@ rc_kernels=$?
 # Every kernel compiled for sm_90 again with the device image's Triton 3.6.0 (scripts/setup_env.sh): a radix
 # search in the sampler compiled with the venv's Triton and failed in 3.6's layout pass on the GPU
 # (bench/results/norm_unroll_h100.md).
-PYTHONPATH="$PWD/.cache/triton-3.6.0:$PWD" .venv/bin/python -c "import triton, sys; sys.exit(triton.__version__ != '3.6.0')" \
-  && PYTHONPATH="$PWD/.cache/triton-3.6.0:$PWD" .venv/bin/python -m pytest -q tests/test_kernel_compile.py
+t36=(env PYTHONPATH="$PWD/.cache/triton-3.6.0:$PWD" .venv/bin/python)
+"${t36[@]}" -c "import triton, sys; sys.exit(triton.__version__ != '3.6.0')" \
+  && "${t36[@]}" -m pytest -q tests/test_kernel_compile.py
 rc_compile36=$?
 .venv/bin/python -m pytest -q -rs tests --ignore=tests/test_kernels.py "$@"
 rc=$?

@@ -443,6 +443,7 @@ def test_sample_returns_rows_of_a_second_table():
     with pytest.raises(Exception, match="embed2 comes with embed"):
         k.sample(logits, *settings, **draw, embed2=table2)
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_sample_negative_zero_ties_positive_zero(dtype):
     """Top-1 of a row whose maximum is 0.0 at one id and -0.0 at another keeps both (they compare equal,

@@ -180,29 +180,29 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
         def draws(j, width):
             return {"u": u[:, j, :width], "first": s.first[width]}
 
-    # Codebook 0 in one op: penalty, suppression, sampling and the bookkeeping (seen, finished).
-    # The sampling launches also hand back the chosen ids' embedding rows (no separate lookups).
-    # On the 1.7B they also hand back the row of the projected copy (projected_tables), the predictor's input.
+    # The sampling launches also hand back the chosen ids' embedding rows (no separate lookups), and on the
+    # 1.7B the row of the projected copy (projected_tables), the predictor's input.
     projected = fused.get("projected") or []
 
-    def projected_table(j):  # None: no projection (0.6B), or codebook 15, which feeds no pass
-        return projected[j] if j < len(projected) else None
+    def sample_code(logits, j, *settings, embed, **kw):
+        """(code, its row of `embed`, the predictor's input: that row, or its projected row where there is one;
+        codebook 15 feeds no pass)."""
+        code, row, *fed = ks.sample(logits, *settings, **draws(j, logits.shape[-1]), embed=embed,
+                                    embed2=projected[j] if j < len(projected) else None, **kw)
+        return code, row, fed[0] if fed else row
 
-    c0, c0_embed, *c0_in = ks.sample(codec_logits, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
-                                     **draws(0, codec_logits.shape[-1]), penalty=p["penalty"], seen=s.seen,
-                                     banned=s.banned, eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"],
-                                     finished=s.finished, update=True, embed=talker.model.codec_embedding.weight,
-                                     embed2=projected_table(0))
+    # Codebook 0 in one op: penalty, suppression, sampling and the bookkeeping (seen, finished).
+    c0, c0_embed, c0_in = sample_code(codec_logits, 0, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
+                                      embed=talker.model.codec_embedding.weight, penalty=p["penalty"], seen=s.seen,
+                                      banned=s.banned, eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"],
+                                      finished=s.finished, update=True)
     torch.logical_not(s.finished, out=s.valid)
 
     def choose_residual(lg, j):
-        table = pred.model.codec_embedding[j - 1].weight
-        code, embed, *x = ks.sample(lg, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
-                                    **draws(j, lg.shape[-1]), embed=table, embed2=projected_table(j))
-        return code, embed, x[0] if x else embed
+        return sample_code(lg, j, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
+                           embed=pred.model.codec_embedding[j - 1].weight)
 
-    rest, embeds = predict_residuals(talker, fused["predictor"], s, c0_in[0] if c0_in else c0_embed,
-                                     choose_residual)
+    rest, embeds = predict_residuals(talker, fused["predictor"], s, c0_in, choose_residual)
     s.frame.copy_(torch.cat([c0[:, None], rest], 1))
     x = pred.embedding_sum([c0_embed, *embeds])  # == residual_embedding_sum(rest, c0_embed)
     x = x + s.trailing.index_select(0, s.trailing_start + torch.minimum(s.t, s.trailing_last))

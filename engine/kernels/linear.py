@@ -30,7 +30,7 @@ from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _round = _rms_apply = _mma = _act = _finish = _pdl_enter = None
+triton = tl = _round = _rms_apply = _sum_sq = _mma = _act = _finish = _pdl_enter = None
 
 PROLOGUES = {"none": 0, "rms_norm": 1, "silu_mul": 2}
 MAX_ROWS = 64
@@ -75,7 +75,7 @@ def exact(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, 
 
 @functools.cache
 def _kernel():
-    global triton, tl, _round, _rms_apply, _mma, _act, _finish, _pdl_enter
+    global triton, tl, _round, _rms_apply, _sum_sq, _mma, _act, _finish, _pdl_enter
     import triton
     import triton.language as tl
 
@@ -98,6 +98,14 @@ def _kernel():
         a = _round(a.to(tl.float32) * rinv[:, None], dt, EMULATE_RNE).to(tl.float32)
         nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
         return _round(a * nw[None, :], dt, EMULATE_RNE)
+
+    @triton.jit
+    def _sum_sq(x_ptr, stride_x, rm, m_ok, k0, K, BLOCK_K: tl.constexpr):
+        """Each row's sum of squares over columns k0 .. k0 + BLOCK_K (those below K), in fp32: [rows]."""
+        rk = k0 + tl.arange(0, BLOCK_K)
+        xv = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & (rk[None, :] < K),
+                     other=0.0).to(tl.float32)
+        return tl.sum(xv * xv, axis=1)
 
     @triton.jit
     def _mma(acc, a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr, SWAP_AB: tl.constexpr):
@@ -213,16 +221,10 @@ def _kernel():
                 ss = tl.zeros([BLOCK_M], tl.float32)
                 if SS_STEPS > 0:  # unrolled: the row's loads go out together, not one L2 round trip per step
                     for i in tl.static_range(SS_STEPS):
-                        rk2 = i * BLOCK_K + tl.arange(0, BLOCK_K)
-                        xv = tl.load(x_ptr + rm[:, None] * stride_x + rk2[None, :],
-                                     mask=m_ok[:, None] & (rk2[None, :] < K), other=0.0).to(tl.float32)
-                        ss += tl.sum(xv * xv, axis=1)
+                        ss += _sum_sq(x_ptr, stride_x, rm, m_ok, i * BLOCK_K, K, BLOCK_K)
                 else:
                     for k0 in range(0, K, BLOCK_K):
-                        rk2 = k0 + tl.arange(0, BLOCK_K)
-                        xv = tl.load(x_ptr + rm[:, None] * stride_x + rk2[None, :],
-                                     mask=m_ok[:, None] & (rk2[None, :] < K), other=0.0).to(tl.float32)
-                        ss += tl.sum(xv * xv, axis=1)
+                        ss += _sum_sq(x_ptr, stride_x, rm, m_ok, k0, K, BLOCK_K)
                 rinv = tl.rsqrt(ss / K + eps)
             a = _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE, dt, EMULATE_RNE)
             acc = _mma(acc, a, w, USE_DOT, IEEE, SWAP_AB)
