@@ -19,7 +19,7 @@ import torch
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
            torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
 KERNEL_MODULES = ("linear", "qk_norm_rope_kv", "attention", "attention_o_proj", "rms_norm", "sample", "snake",
-                  "predictor_pass")
+                  "snake_conv1x1", "predictor_pass")
 BF16 = torch.bfloat16
 PREDICTOR = {"hidden": 1024, "inter": 3072, "layers": 5, "nh": 16, "nkv": 8, "d": 128}  # the 0.6B code predictor
 
@@ -63,6 +63,15 @@ def small_launches(rows: int) -> None:
     for second in (None, projected):
         sample.sample(logits, *settings, **draw, embed=table, embed2=second)
     st.check_sample_penalty("cpu", rows)
+
+
+def codec_launches(rows: int) -> None:
+    """The codec's SnakeBeta and its fused residual-unit tail at the four wave blocks' widths (1-frame lengths)."""
+    from engine.kernels import selftest as st
+
+    for c, length in st.SNAKE_CONV1X1_SHAPES[:4]:
+        st.check_snake("cpu", BF16, rows, c, length)
+        st.check_snake_conv1x1("cpu", BF16, rows, c, length, x_bias=True)
 
 
 def predictor_pass_launches(rows: int, dtype=BF16) -> None:

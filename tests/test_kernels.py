@@ -83,6 +83,13 @@ def test_snake(dtype, b, c, length):
     st.check_snake(DEV, dtype, b, c, length, seed=b + c + length, keep=54, pad=(-(54 + length)) % 9, row_pad=3)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b,c,length", [(1, 4, 7), (1, 16, 5), (2, 32, 37), (3, 48, 20)])
+def test_snake_conv1x1(dtype, b, c, length):
+    st.check_snake_conv1x1(DEV, dtype, b, c, length, seed=b + c + length)
+    st.check_snake_conv1x1(DEV, dtype, b, c, length, seed=b + c + length, x_bias=True, row_pad=3)
+
+
 def test_snake_in_the_codec_decoder():
     """CodecDecoder.use_kernels routes every SnakeBeta through the table (CUDA inputs only: on CPU tensors the
     decoder keeps the torch ops even with the kernel active) and None puts the torch ops back."""

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..errors import InvalidInputError
 from ..kernels.snake import reference as snake_reference
+from ..kernels.snake_conv1x1 import runs as snake_conv1x1_runs
 from ..model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope, sdpa
 from .config import DecoderConfig
 
@@ -212,19 +213,21 @@ class CausalConvTranspose1d(nn.Module):
         self.stride = stride
         self.context = (kernel_size - 1) // stride
 
-    def _run(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.conv_transpose2d(_as_nchw(x), self.conv.weight.unsqueeze(2), self.conv.bias, stride=(1, self.stride))
+    def _run(self, x: torch.Tensor, with_bias: bool) -> torch.Tensor:
+        bias = self.conv.bias if with_bias else None
+        y = F.conv_transpose2d(_as_nchw(x), self.conv.weight.unsqueeze(2), bias, stride=(1, self.stride))
         return _as_nlc(y)
 
-    def forward(self, x: torch.Tensor, state: DecodeState | None = None, act: SnakeBeta | None = None
-                ) -> torch.Tensor:
-        """x [B, L, C] -> [B, L * stride, O]; act: the SnakeBeta in front (fused into the input window)."""
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None, act: SnakeBeta | None = None,
+                with_bias: bool = True) -> torch.Tensor:
+        """x [B, L, C] -> [B, L * stride, O]; act: the SnakeBeta in front (fused into the input window).
+        with_bias=False leaves the bias out (the caller adds it where the output is read)."""
         n = x.shape[1]
         if state is None:
-            return self._run(x if act is None else act(x))[:, : n * self.stride]
+            return self._run(x if act is None else act(x), with_bias)[:, : n * self.stride]
         x = _window(self, x, self.context, state, act)
         start = self.context * self.stride
-        return self._run(x)[:, start: start + n * self.stride]
+        return self._run(x, with_bias)[:, start: start + n * self.stride]
 
 
 class SnakeBeta(nn.Module):
@@ -295,9 +298,18 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        h = self.conv1(x, state, with_bias=False, act=self.act1)  # its bias goes into act2's launch
-        return x + self.conv2(self.act2(h, bias=self.conv1.conv.bias), state)
+    def forward(self, x: torch.Tensor, state: DecodeState | None = None, x_bias: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """x_bias: a bias not yet added to x (the wave block's transposed conv's), added where x is read."""
+        h = self.conv1(x, state, with_bias=False, act=self.act1, act_bias=x_bias)  # its bias goes into act2
+        ks, conv2 = self.act2.kernels, self.conv2.conv
+        if ks is not None and "snake_conv1x1" in ks.active and h.is_cuda and snake_conv1x1_runs(h, conv2.out_channels):
+            # act2, the 1x1 conv and the residual add in one launch (the 96- and 192-channel units): no pass over
+            # the activation or the conv output
+            return ks.snake_conv1x1(h, *self.act2.params(), self.conv1.conv.bias, conv2.weight.squeeze(-1), conv2.bias,
+                                    x, x_bias)
+        y = self.conv2(self.act2(h, bias=self.conv1.conv.bias), state)
+        return (x if x_bias is None else x + x_bias) + y
 
 
 class WaveBlock(nn.Module):
@@ -310,9 +322,12 @@ class WaveBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
         act, upsample, *units = self.block
-        x = upsample(x, state, act=act)  # the activation writes the transposed conv's input window
+        # The activation writes the transposed conv's input window; the conv's bias is added where its output
+        # is read, by the first unit's two launches (a separate bias add is a whole pass over the output).
+        x = upsample(x, state, act=act, with_bias=False)
+        x_bias = upsample.conv.bias
         for unit in units:
-            x = unit(x, state)
+            x, x_bias = unit(x, state, x_bias), None
         return x
 
 

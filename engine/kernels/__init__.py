@@ -1,4 +1,5 @@
-"""Optional Triton kernels for the single-token decode step, the graphed sampling and the codec's SnakeBeta.
+"""Optional Triton kernels for the single-token decode step, the graphed sampling and the codec's SnakeBeta
+(alone, and with a residual unit's 1x1 conv and residual add).
 
 Importing this package never imports Triton: each kernel module builds its Triton function on first
 use. Every kernel module holds the kernel, its launcher and a plain-torch `reference` with the same
@@ -26,8 +27,9 @@ from ..errors import Qwen3TTSError
 # rope_attention: qk_norm_rope_kv and attention in one launch (attention.rope_attention); without it the
 # decode step runs them as two (each by its own switch). attention_o_proj: those and the o_proj linear in one
 # launch where it fits (one row, a short window: the code predictor at one take).
+# snake_conv1x1: the codec residual unit's SnakeBeta, 1x1 conv and residual add in one launch.
 NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "rope_attention", "attention_o_proj", "sample",
-         "snake")
+         "snake", "snake_conv1x1")
 # Opt-in kernels: known to Kernels, but "auto"/"on" pick them only when PERSISTENT_PREDICTOR_ENV is "1".
 OPTIONAL = ("predictor_pass",)  # the whole code-predictor pass as one persistent launch (predictor_pass.py)
 PERSISTENT_PREDICTOR_ENV = "QWEN3TTS_PREDICTOR_PASS"
@@ -148,6 +150,11 @@ class Kernels:
     def snake(self, x, freq, inv_mag, bias=None, **window):
         """window: keep / tail / pad, the result laid out as the next causal conv's input (snake.py)."""
         return self._run("snake", "snake", "reference", x, freq, inv_mag, bias, **window)
+
+    def snake_conv1x1(self, h, freq, inv_mag, h_bias, weight, bias, x, x_bias=None):
+        """x [+ x_bias] + conv1x1(snake(h + h_bias)): a residual unit's second half (snake_conv1x1.py)."""
+        return self._run("snake_conv1x1", "snake_conv1x1", "reference", h, freq, inv_mag, h_bias, weight, bias, x,
+                         x_bias)
 
 
 def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:

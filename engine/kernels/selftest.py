@@ -77,6 +77,44 @@ def check_snake(device, dtype, b, c, length, seed=0, row_pad=0, bias=False, keep
     return (got.float() - want.float()).abs().max().item()
 
 
+# The wave blocks' residual units: (channels, samples) at 1 frame, and two longer runs
+SNAKE_CONV1X1_SHAPES = [(768, 32), (384, 160), (192, 640), (96, 1920), (768, 100), (96, 333)]
+
+
+def check_snake_conv1x1(device, dtype, b, c, length, seed=0, x_bias=False, row_pad=0):
+    """A residual unit's second half, x [+ x_bias] + conv1x1(snake(h + h_bias)), against the torch ops.
+    row_pad > 0: h and x are slices of time (batch rows at a stride), as a folded conv's and a transposed conv's
+    outputs are."""
+    from . import snake_conv1x1 as k
+
+    h = _rand((b, length + row_pad, c), dtype, device, seed, 3.0)[:, :length]
+    x = _rand((b, length + row_pad, c), dtype, device, seed + 1, 2.0)[:, row_pad:]
+    freq = _rand((c,), torch.float32, "cpu", seed + 2, 0.5).exp().to(dtype).to(device)
+    inv_mag = (1.0 / (_rand((c,), torch.float32, "cpu", seed + 3, 0.5).exp() + 1e-9)).to(dtype).to(device)
+    h_bias, bias = _rand((c,), dtype, device, seed + 4, 1.0), _rand((c,), dtype, device, seed + 5, 0.1)
+    weight = _rand((c, c), dtype, device, seed + 6, c ** -0.5)
+    xb = _rand((c,), dtype, device, seed + 7, 1.0) if x_bias else None
+    args = (h, freq, inv_mag, h_bias, weight, bias, x, xb)
+    got, want = k.snake_conv1x1(*args), k.reference(*args)
+    _verdict(got.shape == want.shape == (b, length, c) and got.dtype == want.dtype and got.is_contiguous(),
+             f"snake_conv1x1 shape/dtype {got.shape} {got.dtype}")
+    # The SnakeBeta may differ from torch's by an ulp in some elements (snake.py) and the matmul sums in another
+    # order than cuBLAS, so the conv's output y may move by ulps of its terms |a| |w|, and y + x rounds again; where
+    # x + y cancels that is far more than an ulp of the sum. The bound scales with |x| + |y| and sum |a| |w|.
+    from .snake import reference as snake_ref
+
+    base = (x if xb is None else x + xb).float()
+    terms = snake_ref(h, freq, inv_mag, h_bias).float().abs() @ weight.float().abs().t()
+    atol, rtol = LINEAR_TOL[dtype]
+    err = (got.float() - want.float()).abs()
+    bound = atol + rtol * (base.abs() + (want.float() - base).abs() + terms / 4)
+    worst = (err - bound).flatten().argmax()
+    _verdict(bool((err <= bound).all()), f"snake_conv1x1 {dtype} B={b} C={c} L={length} x_bias={x_bias}: "
+             f"{int((err > bound).sum())} elements out of bounds, worst {err.flatten()[worst]:.3g} > "
+             f"{bound.flatten()[worst]:.3g}")
+    return err.max().item()
+
+
 # Decode matmul shapes (N, K, prologue, residual, bias) of the 0.6B / 1.7B layers and heads: qkv and
 # gate/up after their norms, o_proj and down_proj (SwiGLU in front) with the residual, predictor heads
 # after the final norm, the talker's codec head, and the 1.7B small_to_mtp_projection (bias).
@@ -363,6 +401,8 @@ def run_all(device="cuda", verbose=True):
                 check_linear(device, dt, m, n, k, prologue, residual, bias)
         for c, length in SNAKE_SHAPES:
             check_snake(device, dt, 1, c, length)
+        for c, length in SNAKE_CONV1X1_SHAPES:
+            check_snake_conv1x1(device, dt, 2, c, length, x_bias=True, row_pad=3)
     for vocab in (2048, 3072):
         for case in ({"do_sample": False}, {}, {"top_k": 0}, {"top_p": 0.8}, {"top_k": 1},
                      {"top_k": 20, "top_p": 0.5, "temperature": 1.3}, {"top_k": 0, "top_p": 0.95, "scale": 1.0}):

@@ -3,10 +3,16 @@
 torch runs it as five elementwise kernels (x*freq, sin, pow, mul, add: each reads and writes the whole
 activation). Rounding: every step is computed in fp32 and rounded to x.dtype where torch's expression in
 engine/codec/decoder.SnakeBeta rounds (after x*freq, after sin, after the square, after the product, after
-the sum; in fp32 these are no-ops), and the sine is libdevice sinf (tl.sin is sin.approx). It is not bit for
-bit torch's CUDA result: measured on an H200 (bench/codec_piece_bench.py --snake-exactness), about 15% of
-elements differ by one ulp of the output (fp32: <= 9.5e-7; bf16: one bf16 ulp); the rest are equal. Under
-the interpreter (CPU tests) bf16 matches torch's CPU expression exactly.
+the sum; in fp32 these are no-ops). It is not bit for bit torch's CUDA result: measured on an H200
+(bench/codec_piece_bench.py --snake-exactness), about 15% of elements differ by one ulp of the output (fp32:
+<= 9.5e-7; bf16: one bf16 ulp); the rest are equal.
+
+The sine: fp32 activations use libdevice sinf. bf16 / fp16 ones, rounded to 8 or 11 bits right after the sine,
+use the hardware sine (sin.approx, absolute error ~5e-7 on [-pi, pi]) of the argument reduced to [-pi, pi]: the
+accurate sinf's range reduction and polynomials made the 16-row codec piece's SnakeBeta instruction-bound
+(its 29 launches 2.35 -> 1.90 ms; on 47 M codec-like bf16 activations the output was bit-identical to sinf's:
+bench/results/codec_fused_h100.md). Under the interpreter (CPU tests) the reduced argument goes to numpy's sine,
+so the reduction is what those tests check.
 
 freq = exp(alpha) and inv_mag = 1 / (exp(beta) + 1e-9) come precomputed in x.dtype (SnakeBeta.params). An
 optional per-channel bias (the previous conv's, which then leaves it out) is added first and rounded where
@@ -26,9 +32,15 @@ from . import interpreting
 from ._util import require
 from .pdl import launch_options
 
-triton = tl = _sin = _round = _to_fp32 = _pdl_enter = None  # bound on first use by _kernel()
+triton = tl = _sin = _sin_reduced = _hw_sin = _round = _to_fp32 = _activate = _pdl_enter = None  # bound by _kernel()
 
-TILE = 2048  # elements a program (4 warps, 16 per thread): 32 or 64 channels x 64 or 32 time steps
+# Activation dtypes whose sine is the hardware one of the reduced argument (see the module docstring); the
+# rest (fp32) use libdevice sinf. Benches empty it to time the accurate sine.
+FAST_SIN_DTYPES = (torch.bfloat16, torch.float16)
+
+# Elements a program (4 warps, 8 per thread): 32 or 64 channels x 32 or 16 time steps. 1024 against 2048: 6-10%
+# faster at every width of a 16-row, 16-frame piece (bench/results/codec_fused_h100.md).
+TILE = 1024
 
 
 def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torch.Tensor | None = None,
@@ -50,7 +62,7 @@ def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: 
 
 @functools.cache
 def _kernel():
-    global triton, tl, _sin, _round, _to_fp32, _pdl_enter  # the interpreter resolves module globals
+    global triton, tl, _sin, _sin_reduced, _hw_sin, _round, _to_fp32, _activate, _pdl_enter  # jit resolves globals
     import triton
     import triton.language as tl
 
@@ -60,10 +72,12 @@ def _kernel():
     kl._kernel()
     _round = kl._round  # fp32 -> dtype, round to nearest even (by hand where the interpreter's cast truncates)
 
-    if interpreting():  # no libdevice (numpy's sin is correctly rounded anyway)
+    if interpreting():  # no libdevice and no PTX (numpy's sin is correctly rounded anyway)
         @triton.jit
         def _sin(x):
             return tl.sin(x)
+
+        _hw_sin = _sin
     else:
         from triton.language.extra import libdevice
 
@@ -71,15 +85,42 @@ def _kernel():
         def _sin(x):
             return libdevice.sin(x)
 
+        @triton.jit
+        def _hw_sin(r):
+            return tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=f,f", [r], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+
+    @triton.jit
+    def _sin_reduced(x):
+        """sin(x) for half-precision activations: x - k * 2pi in [-pi, pi] (two-constant Cody-Waite), then the
+        hardware sine. 2pi = 6.28125 + 1.935307179586232e-3: the first has 8 significant bits, so k times it is
+        exact for |k| < 2^16 (|x| up to ~4e5)."""
+        k = tl.floor(x * 0.15915494309189535 + 0.5)
+        r = x - k * 6.28125
+        r = r - k * 1.935307179586232e-3
+        return _hw_sin(r)
+
     @triton.jit
     def _to_fp32(v, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
         """v rounded to the activation dtype, back in fp32 (where torch's expression rounds)."""
         return _round(v, dt, EMULATE_RNE).to(tl.float32)
 
+    @triton.jit
+    def _activate(xf, f, m, dt: tl.constexpr, FAST_SIN: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """SnakeBeta of xf (fp32, values of dt) with per-channel freq f and inv_mag m: x + m * sin(x * f)^2 in
+        dt, rounded after every step where torch's expression rounds."""
+        arg = _to_fp32(xf * f, dt, EMULATE_RNE)
+        if FAST_SIN:
+            s = _to_fp32(_sin_reduced(arg), dt, EMULATE_RNE)
+        else:
+            s = _to_fp32(_sin(arg), dt, EMULATE_RNE)
+        y = _to_fp32(m * _to_fp32(s * s, dt, EMULATE_RNE), dt, EMULATE_RNE)  # inv_mag * sin^2
+        return _round(xf + y, dt, EMULATE_RNE)
+
     @triton.jit(do_not_specialize=["rows", "L", "C", "stride_batch", "keep", "L_out"])  # one compile, any shape
     def snake_kernel(x_ptr, freq_ptr, inv_ptr, bias_ptr, tail_ptr, out_ptr, rows, L, C, stride_batch, keep, L_out,
                      BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_TAIL: tl.constexpr,
-                     EMULATE_RNE: tl.constexpr, PDL: tl.constexpr):
+                     FAST_SIN: tl.constexpr, EMULATE_RNE: tl.constexpr, PDL: tl.constexpr):
         """A [BLOCK_T time steps, BLOCK_C channels] tile of out [B, L_out, C]: per batch row, `keep` rows of
         context (the tail, already activated; zeros without one), then the L activated rows of x, then zeros.
         The channel parameters load once per tile and the batch row once per time step (a per-element divide
@@ -100,9 +141,7 @@ def _kernel():
             xf = _to_fp32(xf + tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :], dt, EMULATE_RNE)
         f = tl.load(freq_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :]
         m = tl.load(inv_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :]
-        s = _to_fp32(_sin(_to_fp32(xf * f, dt, EMULATE_RNE)), dt, EMULATE_RNE)  # sin(x * freq), rounded as torch
-        y = _to_fp32(m * _to_fp32(s * s, dt, EMULATE_RNE), dt, EMULATE_RNE)  # inv_mag * sin^2
-        val = tl.where(mask, _round(xf + y, dt, EMULATE_RNE), 0.0)  # context rows and end padding: zero
+        val = tl.where(mask, _activate(xf, f, m, dt, FAST_SIN, EMULATE_RNE), 0.0)  # context rows, end padding: 0
         if HAS_TAIL:  # the previous chunk's last `keep` rows, [B, keep, C] contiguous
             in_tail = (r_ok & (t < keep))[:, None] & ch_ok[None, :]
             ctx = tl.load(tail_ptr + (b * keep + t)[:, None] * C + ch[None, :], mask=in_tail, other=0.0)
@@ -113,7 +152,8 @@ def _kernel():
 
 
 def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torch.Tensor | None = None,
-          pdl: bool = False, *, keep: int = 0, tail: torch.Tensor | None = None, pad: int = 0) -> torch.Tensor:
+          pdl: bool = False, *, keep: int = 0, tail: torch.Tensor | None = None, pad: int = 0, tile: int = TILE,
+          num_warps: int = 4) -> torch.Tensor:
     """x [B, L, C] (time-major; each batch row's L * C values contiguous, at any batch stride, e.g. a slice of
     time; anything else is made contiguous); freq, inv_mag and the optional bias [C] contiguous, x.dtype -> a
     new contiguous [B, L, C].
@@ -135,11 +175,11 @@ def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torc
     out = torch.empty(b, length_out, c, dtype=x.dtype, device=x.device)
     if n:
         block_c = 64 if c % 64 == 0 else 32
-        block_t = TILE // block_c
+        block_t = tile // block_c
         grid = (-(-b * length_out // block_t), -(-c // block_c))
         _kernel()[grid](x, freq, inv_mag, freq if bias is None else bias, out if tail is None else tail, out,
                         b * length_out, length, c, x.stride(0), keep, length_out,
                         BLOCK_T=block_t, BLOCK_C=block_c, HAS_BIAS=bias is not None, HAS_TAIL=tail is not None,
-                        EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(), num_warps=4,
-                        **launch_options(pdl))
+                        FAST_SIN=x.dtype in FAST_SIN_DTYPES, EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
+                        num_warps=num_warps, **launch_options(pdl))
     return out

@@ -44,6 +44,15 @@ def test_snake(dtype, b):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", [1, 16])
+def test_snake_conv1x1(dtype, b):
+    """Every residual unit's width of the real codec, rows contiguous and at a stride, with the deferred bias."""
+    for c, length in st.SNAKE_CONV1X1_SHAPES:
+        st.check_snake_conv1x1(DEV, dtype, b, c, length, seed=c + length)
+        st.check_snake_conv1x1(DEV, dtype, b, c, length, seed=c + length, x_bias=True, row_pad=5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("m", ROWS)
 def test_linear(dtype, m):
     """Every decode matmul of the 0.6B / 1.7B layers and heads, with the launch plan the engine uses."""
