@@ -1,6 +1,6 @@
 """Where a frame's time goes between the captured graph and a whole request: one step at a time.
 
-    python bench/loop_overhead.py [--size 0.6b] [--frames 200] [--out F.json]
+    python bench/loop_overhead.py [--size 0.6b] [--takes 1] [--frames 200] [--out F.json]
 
 Loads the engine as the node does (random real-size CustomVoice checkpoint), captures its graphs with one short
 request, then times frames at cache positions 30 .. 30 + frames (the 256 window), median of 3, ms a frame:
@@ -42,13 +42,13 @@ def timed(loop, frames: int) -> float:
 
 
 @torch.inference_mode()
-def frame_loops(eng, frames: int) -> dict:
+def frame_loops(eng, frames: int, takes: int = 1) -> dict:
     runner = eng.runner
-    s = seat(runner, 1, START)
+    s = seat(runner, takes, START)
     graph = runner._graph(256)
 
     def reset():
-        seat(runner, 1, START)
+        seat(runner, takes, START)
 
     def replay(n=frames):
         reset()
@@ -61,10 +61,10 @@ def frame_loops(eng, frames: int) -> dict:
         reset()
         for i in range(frames):
             graph.replay()
-            s.frame[:1].clone()
-            s.valid[:1].clone()
+            s.frame[:takes].clone()
+            s.valid[:takes].clone()
             if sync_every and (i + 1) % sync_every == 0:
-                s.finished[:1].tolist()
+                s.finished[:takes].tolist()
 
     loops = {"replay": (replay, frames), "sustained": (lambda: replay(5 * frames), 5 * frames),
              "clones": (clones, frames), "sync4": (lambda: clones(4), frames)}
@@ -75,7 +75,7 @@ def frame_loops(eng, frames: int) -> dict:
     return out
 
 
-def request_slope(eng, frames: int) -> float:
+def request_slope(eng, frames: int, takes: int = 1) -> float:
     """ms a frame of whole requests: the median wall at `frames` and at 50 frames, the slope between them."""
     from engine import Request
 
@@ -84,7 +84,7 @@ def request_slope(eng, frames: int) -> float:
     def wall(n):
         params = eng.defaults.replace(max_new_tokens=n, min_new_tokens=n)
         t = time.perf_counter()
-        eng.generate(req, takes=1, seed=0, params=params)
+        eng.generate(req, takes=takes, seed=0, params=params)
         return time.perf_counter() - t
 
     wall(frames)
@@ -96,20 +96,21 @@ def request_slope(eng, frames: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="0.6b")
+    ap.add_argument("--takes", type=int, default=1)
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    eng = load_captured(args.size)
-    res = frame_loops(eng, args.frames)
-    res["generate"] = request_slope(eng, args.frames)
+    eng = load_captured(args.size, (args.takes,))
+    res = frame_loops(eng, args.frames, args.takes)
+    res["generate"] = request_slope(eng, args.frames, args.takes)
     with codec_after_frames():
-        res["no_overlap"] = request_slope(eng, args.frames)
+        res["no_overlap"] = request_slope(eng, args.frames, args.takes)
     for name, ms in res.items():
         print(f"{name:12s} {ms:.4f} ms a frame", flush=True)
     if args.out:
         args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "size": args.size,
-                                        "frames": args.frames, "ms_per_frame": res}, indent=1))
+                                        "takes": args.takes, "frames": args.frames, "ms_per_frame": res}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Registers and spills of every decode kernel as ptxas builds it for an H100 (sm_90), on a CPU.
+"""Registers and spills of every decode and codec kernel as ptxas builds it for an H100 (sm_90), on a CPU.
 
     python bench/register_usage.py [--out DIR]
 
@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 ROWS = (1, 4, 16)
 SHOWN = ("PROLOGUE", "RESIDUAL", "HAS_BIAS", "ONE_TILE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "USE_DOT", "SWAP_AB", "BN_W",
-         "BK_W", "ROPE", "R", "SP", "SS_STEPS", "BLOCK", "KEY_BITS", "PENALTY", "EMBED", "EMBED2", "V")
+         "BK_W", "ROPE", "R", "SP", "SS_STEPS", "BLOCK", "KEY_BITS", "PENALTY", "EMBED", "EMBED2", "V", "BLOCK_T",
+         "BLOCK_C", "HAS_TAIL", "FAST_SIN", "C", "N", "HAS_XB")
 
 
 def launches(rows_of: dict) -> None:
@@ -31,7 +32,7 @@ def launches(rows_of: dict) -> None:
     for m in ROWS:
         rows_of["now"] = m
         for family in (sm90.linear_launches, sm90.attention_launches, sm90.small_launches,
-                       sm90.predictor_pass_launches):
+                       sm90.predictor_pass_launches, sm90.codec_launches):
             family(m)
 
 
@@ -58,7 +59,8 @@ def main() -> None:
     import triton
 
     head = (f"# Registers and spills for sm_90 (ptxas of Triton {triton.__version__}, compiled on a CPU)\n\n"
-            "`python bench/register_usage.py`: each decode kernel at the 0.6B shapes, bf16, PDL on; "
+            "`python bench/register_usage.py`: each decode kernel at the 0.6B shapes and the codec's SnakeBeta "
+            "kernels at its widths, bf16, PDL on; "
             "registers a thread and stack (spill) bytes a thread, from cuobjdump.\n\n")
     table = head + "\n".join(lines) + "\n"
     print(table)
