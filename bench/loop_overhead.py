@@ -3,13 +3,15 @@
     python bench/loop_overhead.py [--size 0.6b] [--takes 1] [--frames 200] [--out F.json]
 
 Loads the engine as the node does (random real-size CustomVoice checkpoint), captures its graphs with one short
-request, then times frames at cache positions 30 .. 30 + frames (the 256 window), median of 3, ms a frame:
-  * replay: the one-take frame graph replayed back to back (CUDA events), as bench/position_cost.py;
+request, then times frames at cache positions 30 .. 30 + frames (the 256 window), median of 3, ms a frame
+(a batched frame of `takes` rows):
+  * replay: the frame graph of `takes` rows replayed back to back (host clock, synchronised around the run);
   * sustained: the same for 5 x frames in a row (does the GPU slow down under a long run?);
   * clones: each replay followed by the two copies the decode loop makes of the frame's codes and flags;
   * sync4: clones, plus a host read of the finished flags every 4 frames (the decode loop's one sync a chunk);
-  * generate / no_overlap: whole requests (Engine.generate) of `frames` and of 50 frames, the slope between
-    them (fixed costs cancel); no_overlap decodes the codec after the last frame instead of beside the frames.
+  * generate / no_overlap: whole requests (Engine.generate, `takes` takes) of `frames` and of 50 frames, the slope
+    between them (fixed costs cancel); no_overlap decodes the codec after the last frame instead of beside the
+    frames.
 """
 from __future__ import annotations
 
