@@ -30,11 +30,11 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 if [ "$full" = 1 ]; then
-  # The device image's Triton (3.6.0, torch 2.11's), beside the venv's, for a second compile check of the
-  # kernels (scripts/test.sh): its passes reject kernels that the newer one compiles.
-  [ -d .cache/triton-3.6.0/triton ] || "$py" -m pip install -q --disable-pip-version-check --no-deps \
-    --target .cache/triton-3.6.0 triton==3.6.0 \
-    || echo "WARNING: Triton 3.6.0 could not be installed; its compile check fails under CI" >&2
+  # The device image's Triton, beside the venv's, for a second compile check of the kernels (scripts/test.sh).
+  source scripts/device_triton.sh
+  [ -d "$DEVICE_TRITON_DIR/triton" ] || "$py" -m pip install -q --disable-pip-version-check --no-deps \
+    --target "$DEVICE_TRITON_DIR" "triton==$DEVICE_TRITON" \
+    || echo "WARNING: Triton $DEVICE_TRITON could not be installed; its compile check fails under CI" >&2
   bash scripts/setup_comfyui.sh "$VENV" .cache/comfyui
   # The newest frontend beside 0.3.75's own, for the browser test matrix (not needed by scripts/demo.sh).
   bash scripts/setup_frontend_newest.sh "$VENV" .cache/comfyui \

@@ -15,13 +15,13 @@ set +e
 # Triton kernels under the interpreter need TRITON_INTERPRET=1 for their whole process: a run of their own.
 TRITON_INTERPRET=1 .venv/bin/python -m pytest -q tests/test_kernels.py
 rc_kernels=$?
-# Every kernel compiled for sm_90 again with the device image's Triton 3.6.0 (scripts/setup_env.sh): a radix
-# search in the sampler compiled with the venv's Triton and failed in 3.6's layout pass on the GPU
-# (bench/results/norm_unroll_h100.md).
-t36=(env PYTHONPATH="$PWD/.cache/triton-3.6.0:$PWD" .venv/bin/python)
-"${t36[@]}" -c "import triton, sys; sys.exit(triton.__version__ != '3.6.0')" \
-  && "${t36[@]}" -m pytest -q tests/test_kernel_compile.py
-rc_compile36=$?
+# Every kernel compiled for sm_90 again with the device image's Triton (scripts/device_triton.sh): a radix
+# search in the sampler compiled with the venv's Triton and failed in 3.6's layout pass on the GPU.
+source scripts/device_triton.sh
+tdev=(env PYTHONPATH="$PWD/$DEVICE_TRITON_DIR:$PWD" .venv/bin/python)
+"${tdev[@]}" -c "import triton, sys; sys.exit(triton.__version__ != '$DEVICE_TRITON')" \
+  && "${tdev[@]}" -m pytest -q tests/test_kernel_compile.py
+rc_compile_dev=$?
 .venv/bin/python -m pytest -q -rs tests --ignore=tests/test_kernels.py "$@"
 rc=$?
 # Mixed-prompt batch rows must never be slower than the same pieces one by one (tiny checkpoint, CPU;
@@ -31,7 +31,8 @@ rc_batch=$?
 set -e
 [ $rc_batch -ne 0 ] && { echo "batch bench failed (exit $rc_batch)"; [ $rc -eq 0 ] && rc=$rc_batch; }
 [ $rc_kernels -ne 0 ] && { echo "kernel tests failed (exit $rc_kernels)"; [ $rc -eq 0 ] && rc=$rc_kernels; }
-[ $rc_compile36 -ne 0 ] && { echo "the compile check with Triton 3.6.0 failed (exit $rc_compile36)"; [ $rc -eq 0 ] && rc=1; }
+[ $rc_compile_dev -ne 0 ] && { echo "the compile check with Triton $DEVICE_TRITON failed (exit $rc_compile_dev)"; \
+  [ $rc -eq 0 ] && rc=1; }
 echo "tests took $(( $(date +%s) - start )) s in all (setup included)"
 [ $rc -eq 5 ] && { echo "no tests were collected"; exit 1; }
 exit $rc
