@@ -15,6 +15,7 @@ residual unit's width for 1-row and 16-row pieces, and the SnakeBeta launch alon
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -34,41 +35,50 @@ from timing import mean_gpu_ms
 VARIANTS = {"accurate_sin": (["snake"], ()), "fast_sin": (["snake"], None), "fused": (["snake", "snake_conv1x1"], None)}
 
 
-def run_variant(dec, names, fast_dtypes, ref, codes45, repeats) -> dict:
-    from engine import kernels
-    from engine.gpu.codec_graph import CodecGraphs
+@contextlib.contextmanager
+def fast_sine_for(dtypes):
+    """snake.FAST_SIN_DTYPES set to `dtypes` inside the block (None: left as it is)."""
     from engine.kernels import snake
 
     saved = snake.FAST_SIN_DTYPES
-    if fast_dtypes is not None:
-        snake.FAST_SIN_DTYPES = fast_dtypes
+    snake.FAST_SIN_DTYPES = saved if dtypes is None else dtypes
     try:
-        dec.use_kernels(kernels.Kernels(names))
-        graphs = CodecGraphs(dec)
-        graphs.precapture([1, 16])
-        torch.cuda.synchronize()
-        out = {"replay_ms": {}}
-        for bucket, size in ((1, 1), (1, 16), (1, 32), (16, 1), (16, 16), (16, 32)):
-            graph = graphs.graphs[(bucket, size)][0]
-            out["replay_ms"][f"{bucket}x{size}"] = round(mean_gpu_ms(graph.replay, repeats), 4)
-        state = graphs.state(16)
-        codes = torch.zeros(16, dec.cfg.num_quantizers, 16, dtype=torch.long, device="cuda")
-        table = kernel_table(lambda: dec(codes, state, check=False))
-        out["profile_16x16"] = {k: table[k] for k in ("kernels", "summed_us", "top", "ops_by_shape")}
-        got = []
-        for row in range(codes45.shape[0]):
-            graphs.state(1).zero_()
-            got.append(graphs.decode(codes45[row: row + 1], graphs.state(1), final=True).float())
-        graphs.state(16).zero_()
-        got16 = graphs.decode(codes45, graphs.state(16), final=True).float()
-        out["vs_fp32_one_pass_max_abs"] = {"bucket1": (torch.cat(got) - ref).abs().max().item(),
-                                           "bucket16": (got16 - ref).abs().max().item()}
-        out["audio"] = got16.cpu()
-        out["eager_audio"] = dec(codes45, check=False).float().cpu()  # one pass, no graphs
-        return out
+        yield
     finally:
         snake.FAST_SIN_DTYPES = saved
-        dec.use_kernels(None)
+
+
+def run_variant(dec, names, fast_dtypes, ref, codes45, repeats) -> dict:
+    from engine import kernels
+    from engine.gpu.codec_graph import CodecGraphs
+
+    with fast_sine_for(fast_dtypes):
+        dec.use_kernels(kernels.Kernels(names))
+        try:
+            graphs = CodecGraphs(dec)
+            graphs.precapture([1, 16])
+            torch.cuda.synchronize()
+            out = {"replay_ms": {}}
+            for bucket, size in ((1, 1), (1, 16), (1, 32), (16, 1), (16, 16), (16, 32)):
+                graph = graphs.graphs[(bucket, size)][0]
+                out["replay_ms"][f"{bucket}x{size}"] = round(mean_gpu_ms(graph.replay, repeats), 4)
+            state = graphs.state(16)
+            codes = torch.zeros(16, dec.cfg.num_quantizers, 16, dtype=torch.long, device="cuda")
+            table = kernel_table(lambda: dec(codes, state, check=False))
+            out["profile_16x16"] = {k: table[k] for k in ("kernels", "summed_us", "top", "ops_by_shape")}
+            got = []
+            for row in range(codes45.shape[0]):
+                graphs.state(1).zero_()
+                got.append(graphs.decode(codes45[row: row + 1], graphs.state(1), final=True).float())
+            graphs.state(16).zero_()
+            got16 = graphs.decode(codes45, graphs.state(16), final=True).float()
+            out["vs_fp32_one_pass_max_abs"] = {"bucket1": (torch.cat(got) - ref).abs().max().item(),
+                                               "bucket16": (got16 - ref).abs().max().item()}
+            out["audio"] = got16.cpu()
+            out["eager_audio"] = dec(codes45, check=False).float().cpu()  # one pass, no graphs
+            return out
+        finally:
+            dec.use_kernels(None)
 
 
 # (channels, samples a frame) of the four wave blocks' residual units
@@ -153,11 +163,8 @@ def sine_mismatch() -> dict:
     f = (torch.randn(96, device="cuda", generator=g) * 0.5).exp().bfloat16()
     m = (1.0 / ((torch.randn(96, device="cuda", generator=g) * 0.5).exp() + 1e-9)).bfloat16()
     fast = snake.snake(x, f, m)
-    saved, snake.FAST_SIN_DTYPES = snake.FAST_SIN_DTYPES, ()
-    try:
+    with fast_sine_for(()):
         accurate = snake.snake(x, f, m)
-    finally:
-        snake.FAST_SIN_DTYPES = saved
     steps = (fast.view(torch.int16).int() - accurate.view(torch.int16).int()).abs()  # same sign: ulps apart
     return {"elements": x.numel(), "differ": int((fast != accurate).sum()), "max_ulps": int(steps.max())}
 

@@ -23,6 +23,12 @@ def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """A time-major [B, L, C] whose rows are contiguous within each batch row (any batch stride, e.g. a slice of
+    time) as it is, anything else as a contiguous copy."""
+    return t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous()
+
+
 class ContractError(RuntimeError):
     """A kernel was called outside its contract (shapes, strides, alignment)."""
 

@@ -101,10 +101,8 @@ def check_snake_conv1x1(device, dtype, b, c, length, seed=0, x_bias=False, row_p
     # The SnakeBeta may differ from torch's by an ulp in some elements (snake.py) and the matmul sums in another
     # order than cuBLAS, so the conv's output y may move by ulps of its terms |a| |w|, and y + x rounds again; where
     # x + y cancels that is far more than an ulp of the sum. The bound scales with |x| + |y| and sum |a| |w|.
-    from .snake import reference as snake_ref
-
     base = (x if xb is None else x + xb).float()
-    terms = snake_ref(h, freq, inv_mag, h_bias).float().abs() @ weight.float().abs().t()
+    terms = k.snake_reference(h, freq, inv_mag, h_bias).float().abs() @ weight.float().abs().t()
     atol, rtol = LINEAR_TOL[dtype]
     err = (got.float() - want.float()).abs()
     bound = atol + rtol * (base.abs() + (want.float() - base).abs() + terms / 4)

@@ -29,10 +29,11 @@ import functools
 import torch
 
 from . import interpreting
-from ._util import require
+from ._util import require, rows_contiguous
 from .pdl import launch_options
 
-triton = tl = _sin = _sin_reduced = _hw_sin = _round = _to_fp32 = _activate = _pdl_enter = None  # bound by _kernel()
+# Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
+triton = tl = _sin = _sin_reduced = _hw_sin = _round = _to_fp32 = _plus_bias = _activate = _pdl_enter = None
 
 # Activation dtypes whose sine is the hardware one of the reduced argument (see the module docstring); the
 # rest (fp32) use libdevice sinf. Benches empty it to time the accurate sine.
@@ -62,7 +63,7 @@ def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: 
 
 @functools.cache
 def _kernel():
-    global triton, tl, _sin, _sin_reduced, _hw_sin, _round, _to_fp32, _activate, _pdl_enter  # jit resolves globals
+    global triton, tl, _sin, _sin_reduced, _hw_sin, _round, _to_fp32, _plus_bias, _activate, _pdl_enter
     import triton
     import triton.language as tl
 
@@ -106,6 +107,11 @@ def _kernel():
         return _round(v, dt, EMULATE_RNE).to(tl.float32)
 
     @triton.jit
+    def _plus_bias(vf, bias_ptr, ch, ch_ok, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """vf [rows, channels] (fp32, values of dt) plus a per-channel bias, rounded where torch's add rounds."""
+        return _to_fp32(vf + tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :], dt, EMULATE_RNE)
+
+    @triton.jit
     def _activate(xf, f, m, dt: tl.constexpr, FAST_SIN: tl.constexpr, EMULATE_RNE: tl.constexpr):
         """SnakeBeta of xf (fp32, values of dt) with per-channel freq f and inv_mag m: x + m * sin(x * f)^2 in
         dt, rounded after every step where torch's expression rounds."""
@@ -138,7 +144,7 @@ def _kernel():
         dt: tl.constexpr = out_ptr.dtype.element_ty
         xf = tl.load(x_ptr + src, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:  # the conv's bias, added and rounded where torch's add would round it
-            xf = _to_fp32(xf + tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :], dt, EMULATE_RNE)
+            xf = _plus_bias(xf, bias_ptr, ch, ch_ok, dt, EMULATE_RNE)
         f = tl.load(freq_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :]
         m = tl.load(inv_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[None, :]
         val = tl.where(mask, _activate(xf, f, m, dt, FAST_SIN, EMULATE_RNE), 0.0)  # context rows, end padding: 0
@@ -170,8 +176,7 @@ def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torc
     length_out = keep + length + pad
     n = b * length_out * c
     require(max(n, x.numel()) < 2 ** 31, f"snake output of {n} elements overflows int32 offsets")
-    if not (x.stride(2) == 1 and x.stride(1) == c):
-        x = x.contiguous()
+    x = rows_contiguous(x)
     out = torch.empty(b, length_out, c, dtype=x.dtype, device=x.device)
     if n:
         block_c = 64 if c % 64 == 0 else 32

@@ -26,11 +26,11 @@ import torch.nn.functional as F
 
 from . import interpreting
 from . import snake as ks
-from ._util import next_pow2, require
+from ._util import next_pow2, require, rows_contiguous
 from .pdl import launch_options
 from .snake import reference as snake_reference
 
-triton = tl = _round = _activate = _pdl_enter = None  # bound on first use by _kernel()
+triton = tl = _round = _to_fp32 = _plus_bias = _activate = _pdl_enter = None  # bound on first use by _kernel()
 
 
 def reference(h, freq, inv_mag, h_bias, weight, bias, x, x_bias=None):
@@ -41,23 +41,27 @@ def reference(h, freq, inv_mag, h_bias, weight, bias, x, x_bias=None):
     return x + y
 
 
+def _fits(h: torch.Tensor, n_out: int) -> bool:
+    """The kernel's int32 offsets hold for h [B, L, C] and an output n_out wide."""
+    return max(h.numel(), h.shape[0] * h.shape[1] * n_out) < 2 ** 31
+
+
 def runs(h: torch.Tensor, n_out: int) -> bool:
     """Whether the decoder runs this launch for h [B, L, C] (n_out output channels): `plan` picks it at this
     width and the kernel's int32 offsets hold."""
-    b, length, c = h.shape
-    return plan(b * length, c) is not None and max(h.numel(), b * length * n_out) < 2 ** 31
+    return plan(h.shape[0] * h.shape[1], h.shape[2]) is not None and _fits(h, n_out)
 
 
 @functools.cache
 def _kernel():
-    global triton, tl, _round, _activate, _pdl_enter
+    global triton, tl, _round, _to_fp32, _plus_bias, _activate, _pdl_enter
     import triton
     import triton.language as tl
 
     from .pdl import enter
     _pdl_enter = enter()
     ks._kernel()
-    _round, _activate = ks._round, ks._activate
+    _round, _to_fp32, _plus_bias, _activate = ks._round, ks._to_fp32, ks._plus_bias, ks._activate
 
     @triton.jit(do_not_specialize=["rows", "L", "stride_hb", "stride_xb"])  # one compile per width, any length
     def snake_conv1x1_kernel(h_ptr, stride_hb, freq_ptr, inv_ptr, hb_ptr, w_ptr, bias_ptr, x_ptr, stride_xb,
@@ -85,8 +89,7 @@ def _kernel():
             mask = r_ok[:, None] & k_ok[None, :]
             hf = tl.load(h_ptr + (b * stride_hb + t * C)[:, None] + rk[None, :], mask=mask, other=0.0).to(tl.float32)
             if HAS_HB:  # the dilated conv's bias, rounded where its own add would round it
-                hb = tl.load(hb_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
-                hf = _round(hf + hb[None, :], dt, EMULATE_RNE).to(tl.float32)
+                hf = _plus_bias(hf, hb_ptr, rk, k_ok, dt, EMULATE_RNE)
             f = tl.load(freq_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
             m = tl.load(inv_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
             a = tl.where(mask, _activate(hf, f, m, dt, FAST_SIN, EMULATE_RNE), 0.0).to(dt)
@@ -97,12 +100,11 @@ def _kernel():
                 acc += tl.dot(a, w)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        y = _round(acc, dt, EMULATE_RNE).to(tl.float32)  # F.linear's output
+        y = _to_fp32(acc, dt, EMULATE_RNE)  # F.linear's output
         out_mask = r_ok[:, None] & n_ok[None, :]
         xf = tl.load(x_ptr + (b * stride_xb + t * N)[:, None] + rn[None, :], mask=out_mask, other=0.0).to(tl.float32)
         if HAS_XB:
-            xb = tl.load(xb_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
-            xf = _round(xf + xb[None, :], dt, EMULATE_RNE).to(tl.float32)
+            xf = _plus_bias(xf, xb_ptr, rn, n_ok, dt, EMULATE_RNE)
         tl.store(out_ptr + r[:, None] * N + rn[None, :], _round(xf + y, dt, EMULATE_RNE), mask=out_mask)
 
     return snake_conv1x1_kernel
@@ -131,11 +133,6 @@ def plan(rows: int, c: int) -> dict | None:
     return CONFIG
 
 
-def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """[B, L, C] whose rows are contiguous within each batch row (any batch stride), else a contiguous copy."""
-    return t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous()
-
-
 def snake_conv1x1(h, freq, inv_mag, h_bias, weight, bias, x, x_bias=None, pdl=False, config=None):
     """h [B, L, C], x [B, L, C_out] (rows contiguous, any batch stride), weight [C_out, C] row-major, the rest
     [C] / [C_out] contiguous, all of h's dtype -> a new contiguous [B, L, C_out] (as `reference`)."""
@@ -146,8 +143,8 @@ def snake_conv1x1(h, freq, inv_mag, h_bias, weight, bias, x, x_bias=None, pdl=Fa
     vectors = [(freq, c), (inv_mag, c), (h_bias, c), (bias, n), (x_bias, n)]
     require(all(v is None or (v.shape == (size,) and v.is_contiguous() and v.dtype == h.dtype) for v, size in vectors),
             "snake_conv1x1 vectors must be contiguous, of the activation's dtype and width")
-    require(max(h.numel(), b * length * n) < 2 ** 31, "snake_conv1x1 activation overflows int32 offsets")
-    h, x = _rows_contiguous(h), _rows_contiguous(x)
+    require(_fits(h, n), "snake_conv1x1 activation overflows int32 offsets")
+    h, x = rows_contiguous(h), rows_contiguous(x)
     out = torch.empty(b, length, n, dtype=h.dtype, device=h.device)
     rows = b * length
     if not rows:
