@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-ROWS = (1, 4, 16)
+ROWS = (1, 2, 4, 16)
 SHOWN = ("PROLOGUE", "RESIDUAL", "HAS_BIAS", "ONE_TILE", "BLOCK_M", "BLOCK_N", "BLOCK_K", "USE_DOT", "SWAP_AB", "BN_W",
          "BK_W", "ROPE", "R", "SP", "SS_STEPS", "BLOCK", "KEY_BITS", "PENALTY", "EMBED", "EMBED2", "V", "BLOCK_T",
-         "BLOCK_C", "HAS_TAIL", "FAST_SIN", "C", "N", "HAS_XB")
+         "BLOCK_C", "HAS_TAIL", "FAST_SIN", "C", "N", "HAS_XB", "BI", "BK", "CW", "PP", "PR", "PRELOAD_DOWN")
 
 
 def launches(rows_of: dict) -> None:
@@ -31,7 +31,7 @@ def launches(rows_of: dict) -> None:
 
     for m in ROWS:
         rows_of["now"] = m
-        for family in (sm90.linear_launches, sm90.attention_launches, sm90.small_launches,
+        for family in (sm90.linear_launches, sm90.attention_launches, sm90.mlp_launches, sm90.small_launches,
                        sm90.predictor_pass_launches, sm90.codec_launches):
             family(m)
 

@@ -18,7 +18,7 @@ import torch
 
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
            torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
-KERNEL_MODULES = ("linear", "qk_norm_rope_kv", "attention", "attention_o_proj", "rms_norm", "sample", "snake",
+KERNEL_MODULES = ("linear", "qk_norm_rope_kv", "attention", "attention_o_proj", "mlp", "rms_norm", "sample", "snake",
                   "snake_conv1x1", "predictor_pass")
 BF16 = torch.bfloat16
 PREDICTOR = {"hidden": 1024, "inter": 3072, "layers": 5, "nh": 16, "nkv": 8, "d": 128}  # the 0.6B code predictor
@@ -42,6 +42,16 @@ def attention_launches(rows: int) -> None:
         st.check_rope_attention("cpu", BF16, rows, seq=max(64, w), window=w, pos=w - 3 - rows, per_row=rows > 1)
     if rows <= attention_o_proj.MAX_ROWS:
         st.check_attention_o_proj("cpu", BF16, rows, seq=16, window=16, pos=9, per_row=rows > 1)
+
+
+def mlp_launches(rows: int) -> None:
+    """The one-launch MLP at the 0.6B and 1.7B talker widths, up to its rows (with the GPU's summing programs)."""
+    from engine.kernels import mlp
+    from engine.kernels import selftest as st
+
+    if rows <= mlp.FUSE_ROWS:
+        for hidden, inter in st.MLP_SHAPES:
+            st.check_mlp("cpu", BF16, rows, hidden, inter, repeats=1)
 
 
 def small_launches(rows: int) -> None:

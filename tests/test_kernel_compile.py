@@ -39,6 +39,13 @@ def test_attention_compiles(compile_only):
     assert any(key[0] == "attention_o_proj_kernel" for key in compile_only)
 
 
+def test_mlp_compiles(compile_only):
+    """The one-launch MLP with the GPU's summing programs (their wait loop included), 1 and 2 rows."""
+    for m in (1, 2):
+        sm90.mlp_launches(m)
+    assert len(compile_only) == 4
+
+
 def test_norm_rope_sample_snake_compile(compile_only):
     from engine.kernels import selftest as st
 

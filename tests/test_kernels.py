@@ -256,6 +256,39 @@ def test_attention_o_proj_dispatch(monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 2])
+def test_mlp(dtype, m):
+    """rms_norm + gate/up + SwiGLU + down_proj + residual in one launch: every program's partial of every
+    output column summed by the last arrival (the interpreter's one summing program), twice in a row."""
+    launch = st.check_mlp(DEV, dtype, m, 64, 96, seed=m)
+    assert launch["programs"] == 6 and launch["C"] == 1
+    st.check_mlp(DEV, dtype, m, 128, 256, seed=m + 3, config={"BI": 32, "TILE": 2048})  # K in two blocks
+
+
+def test_mlp_plan_and_dispatch(monkeypatch):
+    """On a GPU the last H / CW arrivals sum (at most half the SMs: they wait for the rest); Kernels.mlp runs the
+    one launch up to two rows where the opt-in kernel is on, and the two linears from three rows or when off."""
+    from engine.kernels import mlp as km
+
+    p = km.plan(1, 1024, 3072, sms=132)
+    assert (p["programs"], p["C"], p["CW"], p["PP"], p["PR"]) == (192, 32, 32, 256, 128)
+    assert km.plan(2, 2048, 6144, sms=132)["C"] == 64 and km.plan(1, 2048, 6144, sms=40)["C"] <= 20
+    assert km.plan(1, 1024, 3072, interpreter=True)["C"] == 1
+    assert km.fits(2, 1024, 3072) and not km.fits(3, 1024, 3072) and not km.fits(1, 1000, 3072)
+    calls = []
+    monkeypatch.setattr(km, "mlp", lambda x, *a, **kw: calls.append(x.shape[0]) or x)
+    for ks in (kernels.Kernels(kernels.NAMES), kernels.Kernels(kernels.NAMES + ("mlp",))):
+        for b in (1, 2, 3):
+            x = torch.randn(b, 1, 64)
+            out = ks.mlp(x, torch.randn(192, 64), torch.ones(64), 1e-6, torch.randn(64, 96))
+            assert out.shape == x.shape
+    assert calls == [1, 2]  # opt-in only
+    assert "mlp" not in kernels.select("on", "cpu")[0].active
+    monkeypatch.setenv(kernels.FUSED_MLP_ENV, "1")
+    assert "mlp" in kernels.select("on", "cpu")[0].active
+
+
 def test_attention_plan():
     from engine.kernels import attention as ka
 

@@ -15,7 +15,8 @@ path. Per layer and token:
   * SwiGLU + down_proj with the residual added in its epilogue.
 With Triton that is 6 launches (engine/kernels/linear.py fuses the norms, SwiGLU and residuals into the
 matmuls), 4 where the q/k norm, attention and o_proj fit one launch (engine/kernels/attention_o_proj.py:
-the code predictor at one take); in torch about 20. `prefill` runs a fresh prompt's T tokens the same way
+the code predictor at one take; the opt-in engine/kernels/mlp.py would make it 3, measured slower); in torch
+about 20. `prefill` runs a fresh prompt's T tokens the same way
 with ~10 launches a layer (cuBLAS matmuls, which win at T rows; one-launch norms and q/k norm + RoPE +
 cache write; the residuals added in the matmuls' epilogues) instead of ~53 op by op. Numerics follow
 engine/model/layers.py: RMSNorm normalises in fp32, casts back, then scales; RoPE tables come in the
@@ -59,9 +60,7 @@ class FusedLayer:
         qkv = ks.linear(x, self.qkv, prologue="rms_norm", norm_weight=lay.input_layernorm.weight, eps=self.eps)
         x = ks.attention_o_proj(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos, bias,
                                 self.scale, self.nh, self.nkv, lay.self_attn.o_proj.weight, x)
-        gu = ks.linear(x, self.gate_up, prologue="rms_norm", norm_weight=lay.post_attention_layernorm.weight,
-                       eps=self.eps)
-        return ks.linear(gu, lay.mlp.down_proj.weight, prologue="silu_mul", residual=x)
+        return ks.mlp(x, self.gate_up, lay.post_attention_layernorm.weight, self.eps, lay.mlp.down_proj.weight)
 
     def prefill(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache):
         """x [T, H] at positions 0..T-1 of a fresh prompt -> [T, H]; writes positions 0..T-1 of the batch-1

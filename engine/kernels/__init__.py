@@ -30,9 +30,14 @@ from ..errors import Qwen3TTSError
 # snake_conv1x1: the codec residual unit's SnakeBeta, 1x1 conv and residual add in one launch.
 NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "rope_attention", "attention_o_proj", "sample",
          "snake", "snake_conv1x1")
-# Opt-in kernels: known to Kernels, but "auto"/"on" pick them only when PERSISTENT_PREDICTOR_ENV is "1".
-OPTIONAL = ("predictor_pass",)  # the whole code-predictor pass as one persistent launch (predictor_pass.py)
+# Opt-in kernels (both measured slower than the launches they replace): known to Kernels, but "auto"/"on" pick
+# each only when its environment variable is "1".
+#   predictor_pass: the whole code-predictor pass as one persistent launch (predictor_pass.py);
+#   mlp: a decoder layer's gate/up and down linears as one launch, up to two rows (mlp.py).
 PERSISTENT_PREDICTOR_ENV = "QWEN3TTS_PREDICTOR_PASS"
+FUSED_MLP_ENV = "QWEN3TTS_FUSED_MLP"
+OPT_IN = {"predictor_pass": PERSISTENT_PREDICTOR_ENV, "mlp": FUSED_MLP_ENV}
+OPTIONAL = tuple(OPT_IN)
 PDL_ENV = "QWEN3TTS_PDL"
 MODES = ("auto", "on", "off")
 
@@ -144,6 +149,15 @@ class Kernels:
                                   nkv)
         return self.linear(out.reshape(b, 1, nh * k_cache.shape[-1]), weight, residual=residual)
 
+    def mlp(self, x, gate_up, norm_weight, eps, down):
+        """x + down(SwiGLU(rms_norm(x) @ gate_up^T)) -> like x: one Triton launch when the opt-in "mlp" is active
+        and fits (mlp.fits: up to two rows), else the two linears by their own switch."""
+        fused = _module("mlp")
+        if "mlp" in self.active and fused.fits(x.numel() // x.shape[-1], x.shape[-1], down.shape[1]):
+            return fused.mlp(x, gate_up, norm_weight, eps, down, pdl=self.pdl)
+        gu = self.linear(x, gate_up, prologue="rms_norm", norm_weight=norm_weight, eps=eps)
+        return self.linear(gu, down, prologue="silu_mul", residual=x)
+
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         return self._run("sample", "sample", "reference", logits, do_sample, temperature, k_index, top_p, **kw)
 
@@ -161,7 +175,8 @@ def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
     """Kernels for one engine instance and a sentence saying what was chosen and why.
 
     "off": references only. "on": all of NAMES, or KernelUnavailableError. "auto": on when available().
-    OPTIONAL kernels join "on"/"auto" only when the environment opts in (QWEN3TTS_PREDICTOR_PASS=1)."""
+    OPTIONAL kernels join "on"/"auto" only where the environment opts in (OPT_IN: QWEN3TTS_PREDICTOR_PASS=1,
+    QWEN3TTS_FUSED_MLP=1)."""
     if mode not in MODES:
         raise ValueError(f"kernels must be one of {MODES} (got {mode!r})")
     if mode == "off":
@@ -173,7 +188,7 @@ def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
         if mode == "on":
             raise KernelUnavailableError(f"kernels='on' but the Triton kernels cannot run: {why}")
         return Kernels(), f"triton kernels off (auto): {why}"
-    opted = OPTIONAL if os.environ.get(PERSISTENT_PREDICTOR_ENV, "0") == "1" else ()
+    opted = tuple(name for name, env in OPT_IN.items() if os.environ.get(env, "0") == "1")
     pdl, pdl_why = _pdl_choice(device)
     ks = Kernels(NAMES + opted, pdl=pdl)
     if not interpreting():

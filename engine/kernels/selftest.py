@@ -124,6 +124,9 @@ LINEAR_SHAPES = [(4096, 1024, "rms_norm", False, False), (6144, 1024, "rms_norm"
                  (1024, 2048, "none", False, True)]
 
 
+MLP_SHAPES = [(1024, 3072), (2048, 6144)]  # the 0.6B talker and both predictors; the 1.7B talker
+
+
 def check_linear(device, dtype, m, n, k, prologue="none", residual=False, bias=False, seed=0, config=None,
                  target=None):
     from . import linear as kl
@@ -139,6 +142,27 @@ def check_linear(device, dtype, m, n, k, prologue="none", residual=False, bias=F
     _close(kl.linear(x, w, **args, config=config, target=target), kl.exact(x, w, **args), LINEAR_TOL[dtype],
            f"linear {dtype} M={m} N={n} K={k} {prologue} residual={residual} bias={bias} splits={splits}")
     return splits
+
+
+def check_mlp(device, dtype, m, hidden, inter, seed=0, config=None, repeats=2):
+    """rms_norm + gate/up + SwiGLU + down_proj + residual in one launch, against the two linears' fp64 oracle
+    (linear.exact, rounded where each launch rounds). Launched `repeats` times: each launch must leave its
+    arrival counters re-armed for the next."""
+    from . import interpreting
+    from . import linear as kl
+    from . import mlp as k
+
+    x = _rand((m, 1, hidden), dtype, device, seed)
+    gate_up = _rand((2 * inter, hidden), dtype, device, seed + 1, hidden ** -0.5)
+    nw = _rand((hidden,), dtype, device, seed + 2, 0.2, 1.0)
+    down = _rand((hidden, inter), dtype, device, seed + 3, inter ** -0.5)
+    gu = kl.exact(x, gate_up, prologue="rms_norm", norm_weight=nw, eps=1e-6)
+    want = kl.exact(gu, down, prologue="silu_mul", residual=x)
+    launch = k.plan(m, hidden, inter, sm_count(torch.device(device)), config, interpreting())
+    for i in range(repeats):
+        got = k.mlp(x, gate_up, nw, 1e-6, down, config=config)
+        _close(got, want, LINEAR_TOL[dtype], f"mlp {dtype} M={m} H={hidden} I={inter} launch {i} {launch}")
+    return launch
 
 
 def rope_tables(d, pos, dtype, device, base=1_000_000.0):
@@ -395,6 +419,8 @@ def run_all(device="cuda", verbose=True):
                 check_rope_attention(device, dt, m, seq=max(64, w), window=w, pos=w - 3 - m, per_row=m > 1)
             if m <= 2:
                 check_attention_o_proj(device, dt, m, per_row=m > 1)
+                for hidden, inter in MLP_SHAPES:
+                    check_mlp(device, dt, m, hidden, inter)
             for n, k, prologue, residual, bias in LINEAR_SHAPES:
                 check_linear(device, dt, m, n, k, prologue, residual, bias)
         for c, length in SNAKE_SHAPES:
