@@ -147,7 +147,7 @@ def snake_sweep(repeats) -> dict:
         for tile in (1024, 2048, 4096, 8192):
             for warps in (4, 8):
                 row[f"t{tile}_w{warps}"] = round(graph_time_us(
-                    lambda tile=tile, warps=warps: snake.snake(x, f, m, tile=tile, num_warps=warps), 20, repeats), 2)
+                    lambda cfg={"TILE": tile, "num_warps": warps}: snake.snake(x, f, m, config=cfg), 20, repeats), 2)
         out[f"C{c}"] = row
         print(f"snake C={c}: " + "  ".join(f"{key} {v}" for key, v in row.items()), flush=True)
     return out

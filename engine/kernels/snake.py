@@ -39,9 +39,10 @@ triton = tl = _sin = _sin_reduced = _hw_sin = _round = _to_fp32 = _plus_bias = _
 # rest (fp32) use libdevice sinf. Benches empty it to time the accurate sine.
 FAST_SIN_DTYPES = (torch.bfloat16, torch.float16)
 
-# Elements a program (4 warps, 8 per thread): 32 or 64 channels x 32 or 16 time steps. 1024 against 2048: 6-10%
-# faster at every width of a 16-row, 16-frame piece (bench/results/codec_fused_h100.md).
-TILE = 1024
+# TILE: elements a program (4 warps, 8 per thread): 32 or 64 channels x 32 or 16 time steps. 1024 against 2048:
+# 6-10% faster at every width of a 16-row, 16-frame piece (bench/results/codec_fused_h100.md). `snake`'s
+# config overrides these (the bench's sweep).
+CONFIG = {"TILE": 1024, "num_warps": 4}
 
 
 def reference(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torch.Tensor | None = None,
@@ -158,14 +159,16 @@ def _kernel():
 
 
 def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torch.Tensor | None = None,
-          pdl: bool = False, *, keep: int = 0, tail: torch.Tensor | None = None, pad: int = 0, tile: int = TILE,
-          num_warps: int = 4) -> torch.Tensor:
+          pdl: bool = False, *, keep: int = 0, tail: torch.Tensor | None = None, pad: int = 0,
+          config: dict | None = None) -> torch.Tensor:
     """x [B, L, C] (time-major; each batch row's L * C values contiguous, at any batch stride, e.g. a slice of
     time; anything else is made contiguous); freq, inv_mag and the optional bias [C] contiguous, x.dtype -> a
     new contiguous [B, L, C].
 
     keep / tail / pad lay the result out as the next causal conv's input (as `reference` does), in the same launch:
-    [B, keep + L + pad, C] with the tail [B, keep, C] (zeros when None) in front and `pad` zero rows after."""
+    [B, keep + L + pad, C] with the tail [B, keep, C] (zeros when None) in front and `pad` zero rows after.
+    config overrides CONFIG."""
+    cfg = {**CONFIG, **(config or {})}
     b, length, c = x.shape
     params = (freq, inv_mag) if bias is None else (freq, inv_mag, bias)
     require(all(t.shape == (c,) and t.is_contiguous() for t in params),
@@ -180,11 +183,11 @@ def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torc
     out = torch.empty(b, length_out, c, dtype=x.dtype, device=x.device)
     if n:
         block_c = 64 if c % 64 == 0 else 32
-        block_t = tile // block_c
+        block_t = cfg["TILE"] // block_c
         grid = (-(-b * length_out // block_t), -(-c // block_c))
         _kernel()[grid](x, freq, inv_mag, freq if bias is None else bias, out if tail is None else tail, out,
                         b * length_out, length, c, x.stride(0), keep, length_out,
                         BLOCK_T=block_t, BLOCK_C=block_c, HAS_BIAS=bias is not None, HAS_TAIL=tail is not None,
                         FAST_SIN=x.dtype in FAST_SIN_DTYPES, EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
-                        num_warps=num_warps, **launch_options(pdl))
+                        num_warps=cfg["num_warps"], **launch_options(pdl))
     return out
