@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,26 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from engine_probe import NO_FLUSH, load_captured  # noqa: E402
-from gpu_bench import TEXT  # noqa: E402
+from engine_probe import NO_FLUSH, load_captured, request_wall_s  # noqa: E402
 
 LENGTHS = {1: (13, 37, 64, 100, 142, 213, 269, 356), 4: (13, 37, 64, 100, 142, 213, 269, 356), 16: (250,)}
 
 
 def walls_ms(eng, takes: int, lengths) -> tuple[float, list]:
     """Summed wall of one request per length (median of 3 each), ms, and every request's three walls."""
-    from engine import Request
-
-    req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
-
-    def wall(n):
-        params = eng.defaults.replace(max_new_tokens=n, min_new_tokens=n)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        eng.generate(req, takes=takes, seed=0, params=params)
-        return time.perf_counter() - t
-
-    each = [[round(1000 * wall(n), 2) for _ in range(3)] for n in lengths]
+    each = [[round(1000 * request_wall_s(eng, takes, n), 2) for _ in range(3)] for n in lengths]
     return sum(statistics.median(w) for w in each), each
 
 

@@ -5,13 +5,15 @@
   * seat: a batch bucket's frame state put at a cache position, every row live with no frame budget, so its
     graphs can be replayed from there;
   * codec_after_frames: the whole-utterance codec decoded after the last frame instead of beside the frames;
-  * script_params: the sampling settings of a request of exactly `frames` frames (EOS is disabled).
+  * script_params: the sampling settings of a request of exactly `frames` frames (EOS is disabled);
+  * request_wall_s: the host seconds of one whole request of exactly `frames` frames.
 """
 from __future__ import annotations
 
 import contextlib
+import time
 
-from gpu_bench import checkpoint
+from gpu_bench import TEXT, checkpoint
 
 CAPTURE_TEXT = "A short line to capture the graphs."
 NO_FLUSH = 1 << 30  # codec_overlap.FLUSH_FRAMES that no request reaches
@@ -52,3 +54,18 @@ def codec_after_frames():
 
 def script_params(eng, frames: int):
     return eng.defaults.replace(max_new_tokens=frames, min_new_tokens=min(eng.defaults.min_new_tokens, frames))
+
+
+def request_wall_s(eng, takes: int, frames: int) -> float:
+    """Host seconds of one Engine.generate of the bench text (seed 0, `takes` takes) of exactly `frames` frames,
+    timed from a synchronised GPU to the audio on the host."""
+    import torch
+
+    from engine import Request
+
+    req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
+    params = eng.defaults.replace(max_new_tokens=frames, min_new_tokens=frames)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    eng.generate(req, takes=takes, seed=0, params=params)
+    return time.perf_counter() - t

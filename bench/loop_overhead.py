@@ -28,8 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from engine_probe import codec_after_frames, load_captured, seat
-from gpu_bench import TEXT
+from engine_probe import codec_after_frames, load_captured, request_wall_s, seat
 
 START = 30
 
@@ -79,15 +78,8 @@ def frame_loops(eng, frames: int, takes: int = 1) -> dict:
 
 def request_slope(eng, frames: int, takes: int = 1) -> float:
     """ms a frame of whole requests: the median wall at `frames` and at 50 frames, the slope between them."""
-    from engine import Request
-
-    req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
-
     def wall(n):
-        params = eng.defaults.replace(max_new_tokens=n, min_new_tokens=n)
-        t = time.perf_counter()
-        eng.generate(req, takes=takes, seed=0, params=params)
-        return time.perf_counter() - t
+        return request_wall_s(eng, takes, n)
 
     wall(frames)
     hi = statistics.median(wall(frames) for _ in range(3))

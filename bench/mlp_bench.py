@@ -84,7 +84,7 @@ def chain(hidden: int, inter: int, rows: int) -> list:
 
 def frames(size: str, takes_list) -> list:
     from gpu_bench import TEXT, checkpoint
-    from profile_frame import frame_ms, kernel_table
+    from profile_frame import recaptured_frame
 
     from engine import Engine, Request
     from engine.kernels import Kernels
@@ -99,10 +99,7 @@ def frames(size: str, takes_list) -> list:
         for name, use in (("mlp on", True), ("mlp off", False), ("mlp on again", True)):
             for st, ks in zip(stacks, on):
                 st.ks = ks if use else ks.without("mlp")
-            eng.runner.graphs.clear()
-            with torch.inference_mode():
-                ms = min(frame_ms(eng.runner) for _ in range(3))
-                count = sum(r["count"] for r in kernel_table(eng))
+            ms, count = recaptured_frame(eng)
             out.append({"size": size, "takes": takes, "variant": name, "ms_per_frame": round(ms, 3),
                         "kernels_per_frame": count})
             print(json.dumps(out[-1]), flush=True)

@@ -69,7 +69,7 @@ _ENGINES: dict = {}
 
 def speed(ckpt, takes_list, size) -> list:
     from gpu_bench import TEXT
-    from profile_frame import frame_ms, kernel_table
+    from profile_frame import recaptured_frame
 
     from engine import Engine, Request
     from engine.kernels.predictor_pass import PredictorPass
@@ -86,10 +86,7 @@ def speed(ckpt, takes_list, size) -> list:
         eng.generate(req, takes=takes, seed=0, params=eng.defaults.replace(max_new_tokens=64))
         for name, launch in VARIANTS:
             fs.persistent = False if launch is None else PredictorPass(fs, max_rows=16, **launch)
-            eng.runner.graphs.clear()
-            with torch.inference_mode():  # the state of a bucket first opened by a request holds inference tensors
-                ms = min(frame_ms(eng.runner) for _ in range(3))
-                count = sum(r["count"] for r in kernel_table(eng))
+            ms, count = recaptured_frame(eng)
             grid = sorted(set(fs.persistent.grids.values())) if fs.persistent else None
             row = {"size": size, "takes": takes, "variant": name, "ms_per_frame": round(ms, 3),
                    "kernels_per_frame": count, "weight_GB_per_frame": round(wbytes / 1e9, 3),

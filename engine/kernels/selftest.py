@@ -102,7 +102,7 @@ def check_snake_conv1x1(device, dtype, b, c, length, seed=0, x_bias=False, row_p
     # order than cuBLAS, so the conv's output y may move by ulps of its terms |a| |w|, and y + x rounds again; where
     # x + y cancels that is far more than an ulp of the sum. The bound scales with |x| + |y| and sum |a| |w|.
     base = (x if xb is None else x + xb).float()
-    terms = k.snake_reference(h, freq, inv_mag, h_bias).float().abs() @ weight.float().abs().t()
+    terms = k.snake.reference(h, freq, inv_mag, h_bias).float().abs() @ weight.float().abs().t()
     atol, rtol = LINEAR_TOL[dtype]
     err = (got.float() - want.float()).abs()
     bound = atol + rtol * (base.abs() + (want.float() - base).abs() + terms / 4)

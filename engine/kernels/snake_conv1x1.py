@@ -24,18 +24,16 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from . import interpreting
-from . import snake as ks
+from . import interpreting, snake
 from ._util import next_pow2, require, rows_contiguous
 from .pdl import launch_options
-from .snake import reference as snake_reference
 
 triton = tl = _round = _to_fp32 = _plus_bias = _activate = _pdl_enter = None  # bound on first use by _kernel()
 
 
 def reference(h, freq, inv_mag, h_bias, weight, bias, x, x_bias=None):
     """h, x [B, L, C] time-major; freq, inv_mag, h_bias, bias, x_bias [C]; weight [C_out, C]: the torch ops."""
-    y = F.linear(snake_reference(h, freq, inv_mag, h_bias), weight, bias)
+    y = F.linear(snake.reference(h, freq, inv_mag, h_bias), weight, bias)
     if x_bias is not None:
         x = x + x_bias
     return x + y
@@ -60,8 +58,8 @@ def _kernel():
 
     from .pdl import enter
     _pdl_enter = enter()
-    ks._kernel()
-    _round, _to_fp32, _plus_bias, _activate = ks._round, ks._to_fp32, ks._plus_bias, ks._activate
+    snake._kernel()
+    _round, _to_fp32, _plus_bias, _activate = snake._round, snake._to_fp32, snake._plus_bias, snake._activate
 
     @triton.jit(do_not_specialize=["rows", "L", "stride_hb", "stride_xb"])  # one compile per width, any length
     def snake_conv1x1_kernel(h_ptr, stride_hb, freq_ptr, inv_ptr, hb_ptr, w_ptr, bias_ptr, x_ptr, stride_xb,
@@ -155,7 +153,7 @@ def snake_conv1x1(h, freq, inv_mag, h_bias, weight, bias, x, x_bias=None, pdl=Fa
     _kernel()[grid](h, h.stride(0), freq, inv_mag, h_bias if h_bias is not None else freq, weight,
                     bias if bias is not None else freq, x, x.stride(0), x_bias if x_bias is not None else freq, out,
                     rows, length, C=c, N=n, HAS_HB=h_bias is not None, HAS_BIAS=bias is not None,
-                    HAS_XB=x_bias is not None, FAST_SIN=h.dtype in ks.FAST_SIN_DTYPES,
+                    HAS_XB=x_bias is not None, FAST_SIN=h.dtype in snake.FAST_SIN_DTYPES,
                     IEEE=h.dtype == torch.float32 or interpreting(),
                     EMULATE_RNE=h.dtype == torch.bfloat16 and interpreting(),
                     BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
