@@ -72,10 +72,10 @@ def install(probe: Probe):
     import engine.engine as E
     from engine.gpu import codec_graph, codec_overlap
 
-    tap, collect, trim = E._tap, E.collect, E.Engine._trim
+    tap, collect, trim = codec_overlap.OverlappedDecode.tap, E.collect, E.Engine._trim
 
-    def _tap(chunks, push):
-        for chunk in tap(chunks, push):
+    def _tap(self, chunks):
+        for chunk in tap(self, chunks):
             probe.chunks.append(time.perf_counter())
             yield chunk
 
@@ -136,9 +136,19 @@ def install(probe: Probe):
         probe.event("audio_ready")
         return out
 
-    E._tap, E.collect, E.Engine._trim = _tap, _collect, staticmethod(_trim)
+    E.collect, E.Engine._trim = _collect, staticmethod(_trim)
+    codec_overlap.OverlappedDecode.tap = _tap
     codec_graph.CodecGraphs.decode = _decode
     codec_overlap.OverlappedDecode.finish = _finish
+
+
+def eos_checkpoint(size: str, scale: float) -> Path:
+    from engine.checkpoint.writer import MANIFEST, write_random_checkpoint
+
+    path = checkpoint(size).parent / f"{size}-custom_voice-eos{scale:g}"
+    if not (path / MANIFEST).is_file():
+        write_random_checkpoint(path, size, "custom_voice", eos=True, eos_scale=scale)
+    return path
 
 
 def graph_ms_by_window(eng, frames=100) -> dict:
@@ -202,7 +212,9 @@ def run_script(eng, probe, chunk: int, variant: str = "engine") -> list:
     if variant == "no_overlap":  # every frame waits for the end: the codec runs after the last frame only
         codec_overlap.FLUSH_FRAMES = NO_FLUSH
     if variant == "no_prelaunch":
-        decode.decode_rows = lambda *a, **k: rows(*a, **{**k, "prelaunch": False})
+        decode.decode_rows = lambda *a, **k: rows(*a, **{**k, "prelaunch": False, "ahead": False})
+    if variant == "no_ahead":  # prelaunch only: the GPU drains at each chunk's host sync
+        decode.decode_rows = lambda *a, **k: rows(*a, **{**k, "ahead": False})
     try:
         return _run_script(eng, probe, chunk, stream)
     finally:
@@ -229,7 +241,7 @@ def _run_script(eng, probe, chunk, stream) -> list:
         pieces = [(f, fin, ev["start"].elapsed_time(a), a.elapsed_time(b)) for f, fin, a, b in probe.pieces]
         last_frame = gpu["last_frame"]
         row = {
-            "i": i, "frames": frames, "tokens": res.stats["prompt_tokens"], "wall_ms": 1000 * (t1 - t0),
+            "i": i, "frames": res.stats["frames_per_take"][0], "budget": frames, "tokens": res.stats["prompt_tokens"], "wall_ms": 1000 * (t1 - t0),
             "prefill_ms": 1000 * res.stats["prefill_s"],
             "gpu_last_frame_ms": last_frame, "gpu_audio_ready_ms": gpu["audio_ready"],
             "host_collected_ms": 1000 * (h["collected"] - t0), "host_finish_ms": 1000 * (h["finish"] - t0),
@@ -246,7 +258,7 @@ def _run_script(eng, probe, chunk, stream) -> list:
         row["final_piece_ms"] = sum(d for _, fin, _, d in pieces if fin)
         row["tail_ms"] = row["wall_ms"] - last_frame
         rows.append(row)
-        print(f"{frames:4d} f {row['tokens']:4d} tok  wall {row['wall_ms']:7.1f}  prefill {row['prefill_ms']:4.1f}  "
+        print(f"{row['frames']:4d}/{frames:4d} f {row['tokens']:4d} tok  wall {row['wall_ms']:7.1f}  prefill {row['prefill_ms']:4.1f}  "
               f"last frame {last_frame:7.1f}  audio ready {gpu['audio_ready']:7.1f}  tail {row['tail_ms']:5.1f} "
               f"(side lag {row['side_after_last_frame_ms']:4.1f}, final piece {row['final_piece_ms']:4.1f}, "
               f"trim {row['host_trim_ms']:4.1f})  gc {probe.gc_ms:4.1f}  pieces "
@@ -263,11 +275,12 @@ def main():
     ap.add_argument("--size", default="0.6b")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", nargs="+", default=["engine"],
-                    choices=["engine", "sync_trim", "pinned_trim", "hi_stream", "no_prelaunch", "no_overlap", "flush8",
-                             "flush16", "flush32"],
+                    choices=["engine", "sync_trim", "pinned_trim", "hi_stream", "no_prelaunch", "no_ahead",
+                             "no_overlap", "flush8", "flush16", "flush32"],
                     help="engine: as shipped; sync_trim / pinned_trim: other ways to wait for and copy the audio; "
                          "hi_stream: the request on a high-priority stream (the codec's side stream stays low); "
                          "no_prelaunch: decode_rows without launching each next chunk's first frame early; "
+                         "no_ahead: that frame launched after the chunk's host sync, not before it; "
                          "flushN: side-stream codec pieces of N frames; no_overlap: the whole codec after the "
                          "last frame (what the frames cost without the codec beside them)")
     ap.add_argument("--first-seen", action="store_true",
@@ -277,11 +290,14 @@ def main():
     ap.add_argument("--chunks", type=int, nargs="+", default=[4],
                     help="progress_every values (frames per host sync); the script runs once per value, "
                          "the first in order (every length new), the others on lengths already seen")
+    ap.add_argument("--eos-scale", type=float, default=None,
+                    help="a checkpoint whose EOS logit is left on and scaled by this (random weights: requests end "
+                         "by EOS at random frames, the same in every variant); default: EOS off, fixed lengths")
     args = ap.parse_args()
 
     from engine import Engine
 
-    ckpt = checkpoint(args.size)
+    ckpt = checkpoint(args.size) if args.eos_scale is None else eos_checkpoint(args.size, args.eos_scale)
     t = time.perf_counter()
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
     torch.cuda.synchronize()

@@ -208,6 +208,7 @@ def decode_rows(
     first_chunk_frames: int = 0,
     lead_rows: int = 0,
     prelaunch: bool = False,
+    ahead: bool = False,
 ) -> Iterator[FrameChunk]:
     """The one decode loop. Rows (admitted in `order`, default their order) run in `slots` batch slots;
     yields chunks of `chunk_frames` frames (0 = one chunk per admission wave: until every held row is
@@ -216,9 +217,13 @@ def decode_rows(
     the rest at its end: with a short first chunk, the first row's first audio waits for one prefill, not
     for every slot's. `prelaunch` launches each next chunk's first frame before the chunk is yielded, for
     consumers whose work on a chunk need not come first on the stream (generate()'s side-stream codec; a
-    stream's codec would wait a frame for its audio). `on_frames(done, total)` counts frames over all rows
-    (total is an estimate until the rows end); `timings`, if given, receives the first prefill's seconds
-    and the slot occupancy."""
+    stream's codec would wait a frame for its audio). `ahead` (with prelaunch) goes one step further: the
+    next chunk's first frame is launched before the host reads the chunk's finished flags, so the GPU has
+    a frame queued while the host waits, wakes up and does the chunk's bookkeeping (FinishedFlags). It is
+    done only while no row waits for a slot and some row has budget left; when every row turns out to have
+    ended by EOS inside the chunk, that frame is dropped (one frame of wasted GPU work, at most once a run).
+    `on_frames(done, total)` counts frames over all rows (total is an estimate until the rows end);
+    `timings`, if given, receives the first prefill's seconds and the slot occupancy."""
     params.validate()
     if not rows:
         return
@@ -240,10 +245,13 @@ def decode_rows(
         timings["prefill_s"] = time.perf_counter() - t0
     ended = {}  # row -> frames stepped when it ended (an upper bound of its real frames)
     start = steps = busy = 0
+    flags = FinishedFlags(runner, device) if ahead else None
 
-    def chunk_size() -> int:
-        size = first_chunk_frames if start == 0 and first_chunk_frames > 0 else chunk_frames
-        return host.frames_left() if size <= 0 else min(size, host.frames_left())
+    def chunk_size(at: int, queued: int = 0) -> int:
+        """Frames of the chunk starting at frame `at`, `queued` of them already launched."""
+        size = first_chunk_frames if at == 0 and first_chunk_frames > 0 else chunk_frames
+        left = host.frames_left() + queued
+        return left if size <= 0 else min(size, left)
 
     def step():
         nonlocal busy
@@ -254,28 +262,35 @@ def decode_rows(
         host.advance()
         return frame, valid
 
-    n, launched = chunk_size(), []
+    n, launched = chunk_size(0), []
     while True:
         while len(launched) < n:
             launched.append(step())
         steps += n
-        held = tuple(host.row)
-        finished = runner.finished.tolist()  # the one host sync per chunk
+        held, at_end = tuple(host.row), list(host.frames)
+        # The chunk's tensors are made before anything else is queued: a side stream reads them after `ready`.
+        codes, valid = torch.stack([f for f, _ in launched], 1), torch.stack([v for _, v in launched], 1)
+        early = ready = None  # the next chunk's first frame, launched before this chunk's flags are read
+        if flags is not None and not queue and host.frames_left() > 0:
+            ready = flags.snapshot()
+            early = step()
+            finished = flags.read()
+        else:
+            finished = runner.finished.tolist()  # the one host sync per chunk
         if events is not None:  # complete now: the sync above waited for them
             timings["prefill_s"] = events[0].elapsed_time(events[1]) / 1000
             events = None
         now_ended = []
         for s, r in enumerate(held):
-            if r >= 0 and (finished[s] or host.frames[s] >= host.limit[s]):
-                ended[r] = min(host.frames[s], host.limit[s])
+            if r >= 0 and (finished[s] or at_end[s] >= host.limit[s]):
+                ended[r] = min(at_end[s], host.limit[s])
                 host.row[s] = -1
                 now_ended.append(r)
         done = not queue and all(r < 0 for r in host.row)
-        chunk = FrameChunk(torch.stack([f for f, _ in launched], 1), torch.stack([v for _, v in launched], 1),
-                           start, done, held, tuple(now_ended))
+        chunk = FrameChunk(codes, valid, start, done, held, tuple(now_ended))
         start += n
         if on_frames is not None:
-            running = {r: min(host.frames[s], host.limit[s]) for s, r in enumerate(host.row) if r >= 0}
+            running = {r: min(at_end[s], host.limit[s]) for s, r in enumerate(host.row) if r >= 0}
             total = sum(ended.values()) + sum(max(f, rows[r].expected or rows[r].max_frames)
                                               for r, f in running.items())
             total += sum(rows[r].expected or rows[r].max_frames for r in queue)
@@ -284,22 +299,57 @@ def decode_rows(
             timings["batch"] = {"slots": slots, "rows": len(rows), "steps": steps,
                                 "occupancy": busy / max(1, steps * slots)}
         launched = []
-        admitting = bool(queue) and any(r < 0 for r in host.row)
-        if prelaunch and not done and not admitting:
+        if early is not None:
+            # The rows that ended in this chunk step on in the early frame as finished rows (no valid
+            # frame, their slots -1 from now on); if none is left, the frame is dropped.
+            chunk.ready = ready
+            if not done:
+                n = chunk_size(start, queued=1)
+                launched.append(early)
+        elif prelaunch and not done and not (queue and any(r < 0 for r in host.row)):
             # The next chunk's first frame goes to the GPU before this chunk is handed on, so the GPU
             # works through the consumer's host time instead of waiting for it. Nothing is guessed: the
             # rows that ended are known, and no row is admitted before it.
             if device.type == "cuda":
                 chunk.ready = torch.cuda.Event()
                 chunk.ready.record()
-            n = chunk_size()
+            n = chunk_size(start)
             launched.append(step())
         yield chunk
         if done:
             return
         if not launched:
             _admit(runner, host, rows, queue, device)
-            n = chunk_size()
+            n = chunk_size(start)
+
+
+class FinishedFlags:
+    """The runner's finished flags of a chunk's last frame, read on the host after the next frame has been
+    launched. CUDA: an async copy into pinned memory and an event, both queued before that frame (which
+    updates the flags again); elsewhere a copy taken before it."""
+
+    def __init__(self, runner, device):
+        self.runner, self.cuda = runner, device.type == "cuda"
+        if self.cuda:
+            self.host = torch.empty(runner.finished.shape, dtype=torch.bool, pin_memory=True)
+        self.pending = None
+
+    def snapshot(self):
+        """Take the flags as they are after the frames queued so far; returns the CUDA event that marks
+        that point on the stream (None elsewhere)."""
+        if not self.cuda:
+            self.pending = self.runner.finished.clone()
+            return None
+        self.host.copy_(self.runner.finished, non_blocking=True)
+        self.pending = torch.cuda.Event()
+        self.pending.record()
+        return self.pending
+
+    def read(self) -> list:
+        if not self.cuda:
+            return self.pending.tolist()
+        self.pending.synchronize()
+        return self.host.tolist()
 
 
 def decode_frames(runner, prompt: Prompt, *, takes: int, seed: int, params: SamplingParams, max_frames: int,
@@ -307,14 +357,14 @@ def decode_frames(runner, prompt: Prompt, *, takes: int, seed: int, params: Samp
                   should_stop: Callable[[], bool] | None = None,
                   on_frames: Callable[[int, int], None] | None = None,
                   timings: dict | None = None, first_chunk_frames: int = 0,
-                  prelaunch: bool = False) -> Iterator[FrameChunk]:
+                  prelaunch: bool = False, ahead: bool = False) -> Iterator[FrameChunk]:
     """`takes` takes of one prompt (take i draws from stream (seed, take_offset + i)): decode_rows with
     one row per take, all admitted at once."""
     keys = sampling.take_keys(seed, range(take_offset, take_offset + takes), "cpu").tolist()
     rows = [Row(prompt, k, max_frames) for k in keys]
     return decode_rows(runner, rows, slots=takes, params=params, eos_id=eos_id, chunk_frames=chunk_frames,
                        should_stop=should_stop, on_frames=on_frames, timings=timings,
-                       first_chunk_frames=first_chunk_frames, prelaunch=prelaunch)
+                       first_chunk_frames=first_chunk_frames, prelaunch=prelaunch, ahead=ahead)
 
 
 def collect(chunks: Iterator[FrameChunk]) -> tuple[torch.Tensor, list[int]]:

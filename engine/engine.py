@@ -137,13 +137,6 @@ def _on_side_stream(side, chunk):
         yield
 
 
-def _tap(chunks, push):
-    """Pass the decode loop's chunks through, handing each one's codes (zero past a take's end) to `push`."""
-    for chunk in chunks:
-        push(chunk.codes.masked_fill(~chunk.valid[..., None], 0))
-        yield chunk
-
-
 class Engine:
     """Load once, then generate(), stream() and extract_voice() as often as needed. Calls are serialised
     (engine_lock.py): a second thread waits at most `busy_timeout_s` seconds, then gets EngineBusyError."""
@@ -334,10 +327,12 @@ class Engine:
 
     def _frames(self, prompt: Prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
                 on_progress, timings=None, first_chunk_frames=0, prelaunch=False):
+        # On CUDA a prelaunching loop also keeps a frame queued across each chunk's host sync (ahead).
         return decode_frames(self.runner, prompt, takes=takes, seed=seed, params=params, max_frames=max_frames,
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, take_offset=take_offset,
                              should_stop=should_stop, on_frames=on_progress, timings=timings,
-                             first_chunk_frames=first_chunk_frames, prelaunch=prelaunch)
+                             first_chunk_frames=first_chunk_frames, prelaunch=prelaunch,
+                             ahead=prelaunch and self.device.type == "cuda")
 
     @serialised()
     @torch.inference_mode()
@@ -354,7 +349,7 @@ class Engine:
                               on_progress, timings, prelaunch=True)
         overlap = self._overlapped_decode(takes, prompt.ref_codes)
         try:
-            codes, lengths = collect(chunks if overlap is None else _tap(chunks, overlap.push))
+            codes, lengths = collect(chunks if overlap is None else overlap.tap(chunks))
             t_decode = time.perf_counter()
             if overlap is not None:
                 audio = self._trim(overlap.finish(), lengths)

@@ -43,27 +43,45 @@ class OverlappedDecode:
     def active(self) -> bool:
         return self.state is not None
 
+    def tap(self, chunks):
+        """Pass the decode loop's chunks through, decoding their codes on the side stream as they come. A
+        chunk's codes are taken after its last frame (chunk.ready), not after a frame launched ahead of it,
+        and the last chunk's go out at once as the final piece, so that piece runs beside such a frame."""
+        for chunk in chunks:
+            if chunk.ready is not None:
+                self.side.wait_event(chunk.ready)
+            else:
+                self.side.wait_stream(self.main)
+            chunk.codes.record_stream(self.side)  # made on the main stream, read on the side one
+            chunk.valid.record_stream(self.side)
+            with torch.cuda.stream(self.side):
+                self.push(chunk.codes.masked_fill(~chunk.valid[..., None], 0))
+            if chunk.done:
+                self._flush_rest()
+            yield chunk
+
     def push(self, codes: torch.Tensor) -> None:
-        """codes [B, k, Q] (frames past a take's end already zeroed)."""
+        """codes [B, k, Q] made on the side stream (frames past a take's end already zeroed)."""
         self.pending.append(codes)
         ready = sum(c.shape[1] for c in self.pending)
         if ready >= FLUSH_FRAMES:
             self._flush(ready - ready % FLUSH_FRAMES)
 
     def _flush(self, frames: int, final: bool = False) -> None:
-        codes = torch.cat(self.pending, 1) if len(self.pending) > 1 else self.pending[0]
-        now, rest = codes[:, :frames], codes[:, frames:]
-        self.pending = [rest] if rest.shape[1] else []
-        codes.record_stream(self.side)  # made on the main stream, read on the side one
-        self.side.wait_stream(self.main)
         with torch.cuda.stream(self.side):
+            codes = torch.cat(self.pending, 1) if len(self.pending) > 1 else self.pending[0]
+            now, rest = codes[:, :frames], codes[:, frames:]
+            self.pending = [rest] if rest.shape[1] else []
             self.parts.append(self.graphs.decode(now.transpose(1, 2), self.state, final=final))
 
-    def finish(self) -> torch.Tensor:
-        """Audio [B, T * samples_per_frame] of every frame pushed, ready on the current stream."""
+    def _flush_rest(self) -> None:
         ready = sum(c.shape[1] for c in self.pending)
         if ready:  # the last frames: one padded piece (the state is released right after)
             self._flush(ready, final=True)
+
+    def finish(self) -> torch.Tensor:
+        """Audio [B, T * samples_per_frame] of every frame pushed, ready on the current stream."""
+        self._flush_rest()
         self.main.wait_stream(self.side)
         for part in self.parts:
             part.record_stream(self.main)  # made on the side stream, read (and freed) on the main one
