@@ -52,11 +52,11 @@ def _mem():
             "peak_reserved_gb": torch.cuda.max_memory_reserved() / 1e9}
 
 
-def worker_ours(ckpt: Path, frames: int, takes_list, mode: str, triton: str = "auto") -> dict:
+def worker_ours(ckpt: Path, frames: int, takes_list, mode: str, triton: str = "auto", engine_root: Path = ROOT) -> dict:
     import numpy as np
     import torch
 
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(engine_root))
     from engine import Engine, Request
 
     torch.cuda.reset_peak_memory_stats()
@@ -255,9 +255,12 @@ def main() -> None:
     ap.add_argument("--skip-official", action="store_true")
     ap.add_argument("--skip-no-triton", action="store_true", help="skip the graphs-only (Triton off) row")
     ap.add_argument("--clone", action="store_true", help="also time the 0.6B Base clone path")
+    ap.add_argument("--engine-root", type=Path, default=ROOT,
+                    help="import our `engine` from this tree (a before/after run; PYTHONPATH does not do it: "
+                         "the worker puts its own tree first)")
     args = ap.parse_args()
     if args.worker == "ours":
-        print(json.dumps(worker_ours(args.ckpt, args.frames, args.takes, args.mode, args.triton)))
+        print(json.dumps(worker_ours(args.ckpt, args.frames, args.takes, args.mode, args.triton, args.engine_root)))
         return
     if args.worker == "faster":
         worker_faster(args.ckpt, args.frames)
@@ -270,9 +273,10 @@ def main() -> None:
     for size in args.sizes:
         ckpt = checkpoint(size)
         r = results[f"{size} CustomVoice"] = {}
-        r["ours"] = run_worker("ours", ckpt, args.frames, ["--takes", *map(str, args.takes)])
+        root = ["--engine-root", str(args.engine_root)]
+        r["ours"] = run_worker("ours", ckpt, args.frames, ["--takes", *map(str, args.takes), *root])
         if not args.skip_no_triton:
-            r["ours_no_triton"] = run_worker("ours", ckpt, args.frames, ["--takes", "1", "--triton", "off"])
+            r["ours_no_triton"] = run_worker("ours", ckpt, args.frames, ["--takes", "1", "--triton", "off", *root])
         if not args.skip_faster:
             r["faster"] = run_worker("faster", ckpt, args.frames)
         if not args.skip_official:
@@ -281,12 +285,14 @@ def main() -> None:
     if args.clone:
         ckpt = checkpoint("0.6b", "base")
         results["0.6b Base (ICL clone)"] = {"ours": run_worker("ours", ckpt, args.frames,
-                                                                ["--takes", "1", "8", "--mode", "clone"])}
+                                                                ["--takes", "1", "8", "--mode", "clone",
+                                                                 "--engine-root", str(args.engine_root)])}
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
 
     meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "dtype": "bf16",
-            "frames": args.frames, "text_words": len(TEXT.split()), "date": time.strftime("%Y-%m-%d")}
+            "frames": args.frames, "text_words": len(TEXT.split()), "date": time.strftime("%Y-%m-%d"),
+            "engine_root": str(args.engine_root)}
     (args.out / "gpu.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     (args.out / "gpu.md").write_text(f"{meta['gpu']}, torch {meta['torch']}, bf16, {args.frames} frames "
                                      f"(EOS disabled), best of 3.\n\n{table(results)}\n")
