@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine_probe import NO_FLUSH, script_params
-from gpu_bench import checkpoint
+from gpu_bench import CKPT_ROOT, checkpoint
 from real_length_script import script
 from timing import cuda_kernels, mean_gpu_ms, percentile
 
@@ -143,11 +143,10 @@ def install(probe: Probe):
 
 
 def eos_checkpoint(size: str, scale: float) -> Path:
-    from engine.checkpoint.writer import MANIFEST, write_random_checkpoint
+    from engine.checkpoint.writer import ensure_random_checkpoint
 
-    path = checkpoint(size).parent / f"{size}-custom_voice-eos{scale:g}"
-    if not (path / MANIFEST).is_file():
-        write_random_checkpoint(path, size, "custom_voice", eos=True, eos_scale=scale)
+    path = CKPT_ROOT / f"{size}-custom_voice-eos{scale:g}"
+    ensure_random_checkpoint(path, size, "custom_voice", eos=True, eos_scale=scale)
     return path
 
 
@@ -241,7 +240,8 @@ def _run_script(eng, probe, chunk, stream) -> list:
         pieces = [(f, fin, ev["start"].elapsed_time(a), a.elapsed_time(b)) for f, fin, a, b in probe.pieces]
         last_frame = gpu["last_frame"]
         row = {
-            "i": i, "frames": res.stats["frames_per_take"][0], "budget": frames, "tokens": res.stats["prompt_tokens"], "wall_ms": 1000 * (t1 - t0),
+            "i": i, "frames": res.stats["frames_per_take"][0], "budget": frames, "tokens": res.stats["prompt_tokens"],
+            "wall_ms": 1000 * (t1 - t0),
             "prefill_ms": 1000 * res.stats["prefill_s"],
             "gpu_last_frame_ms": last_frame, "gpu_audio_ready_ms": gpu["audio_ready"],
             "host_collected_ms": 1000 * (h["collected"] - t0), "host_finish_ms": 1000 * (h["finish"] - t0),
@@ -258,7 +258,8 @@ def _run_script(eng, probe, chunk, stream) -> list:
         row["final_piece_ms"] = sum(d for _, fin, _, d in pieces if fin)
         row["tail_ms"] = row["wall_ms"] - last_frame
         rows.append(row)
-        print(f"{row['frames']:4d}/{frames:4d} f {row['tokens']:4d} tok  wall {row['wall_ms']:7.1f}  prefill {row['prefill_ms']:4.1f}  "
+        print(f"{row['frames']:4d}/{frames:4d} f {row['tokens']:4d} tok  wall {row['wall_ms']:7.1f}  "
+              f"prefill {row['prefill_ms']:4.1f}  "
               f"last frame {last_frame:7.1f}  audio ready {gpu['audio_ready']:7.1f}  tail {row['tail_ms']:5.1f} "
               f"(side lag {row['side_after_last_frame_ms']:4.1f}, final piece {row['final_piece_ms']:4.1f}, "
               f"trim {row['host_trim_ms']:4.1f})  gc {probe.gc_ms:4.1f}  pieces "

@@ -21,6 +21,7 @@ runner in engine/gpu, which replays the same three steps as one captured graph. 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -54,8 +55,24 @@ class FrameChunk:
     rows: tuple = ()  # the row each slot held during this chunk (-1: none)
     ended: tuple = ()  # rows whose last frames are in this chunk (their slots are free afterwards)
     # CUDA, prelaunch: an event recorded after this chunk's tensors and before the next frame, for a side
-    # stream that must wait for the chunk but not for the frame launched ahead (Engine.stream's codec).
+    # stream that must wait for the chunk but not for the frame launched ahead (the codec's side streams).
     ready: object = None
+
+    @contextlib.contextmanager
+    def on(self, side):
+        """Run the block on CUDA stream `side` (None: where it is) after this chunk's frames, not after a frame
+        launched ahead of them (`ready`); the chunk's tensors, made on the main stream, are marked as used there."""
+        if side is None:
+            yield
+            return
+        if self.ready is not None:
+            side.wait_event(self.ready)
+        else:  # nothing was launched ahead
+            side.wait_stream(torch.cuda.current_stream(side.device))
+        self.codes.record_stream(side)
+        self.valid.record_stream(side)
+        with torch.cuda.stream(side):
+            yield
 
 
 def prefill_into(talker, prompt: Prompt, cache, slots) -> torch.Tensor:
@@ -325,31 +342,29 @@ def decode_rows(
 
 class FinishedFlags:
     """The runner's finished flags of a chunk's last frame, read on the host after the next frame has been
-    launched. CUDA: an async copy into pinned memory and an event, both queued before that frame (which
+    launched. CUDA: an async copy into one pinned buffer and an event, both queued before that frame (which
     updates the flags again); elsewhere a copy taken before it."""
 
     def __init__(self, runner, device):
         self.runner, self.cuda = runner, device.type == "cuda"
-        if self.cuda:
-            self.host = torch.empty(runner.finished.shape, dtype=torch.bool, pin_memory=True)
-        self.pending = None
+        self.flags = torch.empty(runner.finished.shape, dtype=torch.bool, pin_memory=True) if self.cuda else None
+        self.copied = None  # CUDA: the event after the copy into `flags`
 
     def snapshot(self):
         """Take the flags as they are after the frames queued so far; returns the CUDA event that marks
         that point on the stream (None elsewhere)."""
         if not self.cuda:
-            self.pending = self.runner.finished.clone()
+            self.flags = self.runner.finished.clone()
             return None
-        self.host.copy_(self.runner.finished, non_blocking=True)
-        self.pending = torch.cuda.Event()
-        self.pending.record()
-        return self.pending
+        self.flags.copy_(self.runner.finished, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+        return self.copied
 
     def read(self) -> list:
-        if not self.cuda:
-            return self.pending.tolist()
-        self.pending.synchronize()
-        return self.host.tolist()
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.flags.tolist()
 
 
 def decode_frames(runner, prompt: Prompt, *, takes: int, seed: int, params: SamplingParams, max_frames: int,

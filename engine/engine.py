@@ -1,7 +1,6 @@
 """The Engine: a loaded checkpoint plus everything needed to turn requests into audio."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -118,23 +117,6 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in DTYPES:
         raise UnsupportedConfigError(f"dtype '{dtype}' is not supported; use one of auto, {', '.join(DTYPES)}.")
     return DTYPES[dtype]
-
-
-@contextlib.contextmanager
-def _on_side_stream(side, chunk):
-    """Run the block on `side` (None: where it is) after the chunk's frames, not after the frame launched
-    ahead of it (chunk.ready); the chunk's tensors, made on the main stream, are marked as used there."""
-    if side is None:
-        yield
-        return
-    if chunk.ready is not None:
-        side.wait_event(chunk.ready)
-    else:  # the last chunk: nothing was launched ahead
-        side.wait_stream(torch.cuda.current_stream(side.device))
-    chunk.codes.record_stream(side)
-    chunk.valid.record_stream(side)
-    with torch.cuda.stream(side):
-        yield
 
 
 class Engine:
@@ -487,7 +469,7 @@ class Engine:
         chunks = self._frames(prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
                               on_progress, first_chunk_frames=first_chunk_frames, prelaunch=side is not None)
         for i, chunk in enumerate(chunks):
-            with _on_side_stream(side, chunk):
+            with chunk.on(side):
                 codes = chunk.codes.masked_fill(~chunk.valid[..., None], 0)
                 wav = decoder.push(codes).float()
                 ends = chunk.valid.sum(1, keepdim=True) * SAMPLES_PER_FRAME

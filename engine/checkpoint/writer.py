@@ -206,10 +206,11 @@ def write_random_checkpoint(out_dir: str | Path, size: str, model_type: str, *, 
     return out
 
 
-def ensure_random_checkpoint(out_dir: str | Path, size: str, model_type: str) -> bool:
-    """Write a default random checkpoint to `out_dir` unless a complete one is there (the manifest is written
-    last, so it marks a finished directory). Returns True when it wrote one."""
+def ensure_random_checkpoint(out_dir: str | Path, size: str, model_type: str, **options) -> bool:
+    """Write a random checkpoint to `out_dir` (write_random_checkpoint's keyword `options`, default none) unless a
+    complete one is there (the manifest is written last, so it marks a finished directory). Returns True when it
+    wrote one."""
     if (Path(out_dir) / MANIFEST).is_file():
         return False
-    write_random_checkpoint(out_dir, size, model_type)
+    write_random_checkpoint(out_dir, size, model_type, **options)
     return True

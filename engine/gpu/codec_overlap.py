@@ -48,13 +48,7 @@ class OverlappedDecode:
         chunk's codes are taken after its last frame (chunk.ready), not after a frame launched ahead of it,
         and the last chunk's go out at once as the final piece, so that piece runs beside such a frame."""
         for chunk in chunks:
-            if chunk.ready is not None:
-                self.side.wait_event(chunk.ready)
-            else:
-                self.side.wait_stream(self.main)
-            chunk.codes.record_stream(self.side)  # made on the main stream, read on the side one
-            chunk.valid.record_stream(self.side)
-            with torch.cuda.stream(self.side):
+            with chunk.on(self.side):
                 self.push(chunk.codes.masked_fill(~chunk.valid[..., None], 0))
             if chunk.done:
                 self._flush_rest()
