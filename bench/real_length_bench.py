@@ -4,7 +4,8 @@
 
 Each (engine, mode) runs in a FRESH subprocess, so no prompt length, frame count or chunk size has been
 seen before: what a ComfyUI user gets. The script (bench/real_length_script.py) runs in order at 1 take,
-at 4 takes and streaming with chunk 2; faster-qwen3-tts 0.5.4 runs the same sentences and frame counts
+at 4 takes and streaming with chunk 2 (Engine.generate / Engine.stream), and as the generator nodes run a
+one-segment line at 1 and 4 takes (node1 / node4: generate_batch, the segment join and the AUDIO made); faster-qwen3-tts 0.5.4 runs the same sentences and frame counts
 (1 take, and streaming with chunk 2 up to the first chunk) in the same run. Random real-size checkpoints
 with EOS disabled make every request decode exactly its frame count.
 
@@ -20,6 +21,7 @@ collections during each request (--gc off runs our worker with the collector dis
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -88,7 +90,8 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     import torch
 
     sys.path.insert(0, str(engine_root))
-    from engine import Engine, Request
+    from engine import BatchItem, Engine, Request
+    from nodes.audio_utils import join_segments, make_audio  # no ComfyUI imports
 
     t = time.perf_counter()
     torch.zeros(1, device="cuda")  # the process's CUDA start, timed apart: in ComfyUI it happens at launch
@@ -98,7 +101,16 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")  # the node's defaults
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t
-    takes = 4 if mode == "takes4" else 1
+    takes = 4 if mode in ("takes4", "node4") else 1
+    hand_over = {"copy": False} if "copy" in inspect.signature(make_audio).parameters else {}  # older trees
+
+    def node_generate(req, seed, params):
+        """What a generator node runs for a one-segment line (nodes/runner.py Job.generate, without ComfyUI's
+        progress bar): generate_batch of one item, the segments joined, the AUDIO made."""
+        res = eng.generate_batch([BatchItem(req, takes=takes, seed=seed)], params=params)[0]
+        wav, lengths = join_segments([(res.audio, list(res.lengths))], eng.sample_rate)
+        make_audio(wav, lengths, eng.sample_rate, {"node": "bench", "seed": seed, "first_take": 0}, **hand_over)
+        return res
     stream_kw = {"chunk_frames": 2}
     if first_chunk:
         stream_kw["first_chunk_frames"] = first_chunk
@@ -114,12 +126,15 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
             wall = time.perf_counter() - t0
             extra = {}
         else:
-            res = eng.generate(req, takes=takes, seed=seed, params=script_params(eng, frames))
+            if mode.startswith("node"):
+                res = node_generate(req, seed, script_params(eng, frames))
+            else:
+                res = eng.generate(req, takes=takes, seed=seed, params=script_params(eng, frames))
             wall = time.perf_counter() - t0
             first, n = wall, res.stats["frames"]
             st = res.stats
             extra = {"prompt_tokens": st["prompt_tokens"], "prefill_ms": 1000 * st["prefill_s"],
-                     "codec_ms": 1000 * st["codec_s"]}
+                     "codec_ms": 1000 * st["codec_s"], "codec": st.get("codec", "")}
         assert n == frames, (n, frames)
         return {"frames": frames, "wall_s": wall, "first_s": first, **extra}
 
@@ -225,7 +240,8 @@ def run_worker(args: list) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Report
 
-MODES = {"take1": "1 take", "takes4": "4 takes", "stream2": "streaming, chunk 2"}
+MODES = {"take1": "1 take", "takes4": "4 takes", "stream2": "streaming, chunk 2",
+         "node1": "node path, 1 take", "node4": "node path, 4 takes"}
 
 
 def table(results: dict) -> str:

@@ -119,6 +119,27 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def _shared_reference(rows: list) -> tuple[bool, torch.Tensor | None]:
+    """Whether every row has the same ICL reference codes (or every row none), and those codes."""
+    first = rows[0].prompt.ref_codes
+    for row in rows[1:]:
+        ref = row.prompt.ref_codes
+        if ref is first:
+            continue
+        if ref is None or first is None or ref.shape != first.shape or not torch.equal(ref, first):
+            return False, None
+    return True, first
+
+
+def _pad_rows(waves: list, lengths: list) -> torch.Tensor:
+    """Per-take CPU audio of `lengths` frames each -> [takes, T_max] float32, zero-padded."""
+    samples = [n * SAMPLES_PER_FRAME for n in lengths]
+    out = torch.zeros(len(waves), max(samples, default=0))
+    for i, (wav, n) in enumerate(zip(waves, samples)):
+        out[i, :n] = wav[:n]
+    return out
+
+
 class Engine:
     """Load once, then generate(), stream() and extract_voice() as often as needed. Calls are serialised
     (engine_lock.py): a second thread waits at most `busy_timeout_s` seconds, then gets EngineBusyError."""
@@ -345,7 +366,8 @@ class Engine:
         samples = [n * SAMPLES_PER_FRAME for n in lengths]
         stats = {"frames": frames, "prompt_tokens": prompt.prefill.shape[1], "frames_per_take": lengths,
                  "prefill_s": timings.get("prefill_s", 0.0), "decode_s": t_decode - t0, "codec_s": wall - (t_decode - t0), "wall_s": wall,
-                 "audio_s": max(samples) / SAMPLE_RATE if samples else 0.0, "notes": prompt.notes}
+                 "audio_s": max(samples) / SAMPLE_RATE if samples else 0.0, "notes": prompt.notes,
+                 "codec": "during decoding" if overlap is not None else "after decoding"}
         return Result(audio=audio, lengths=samples,
                       codes=[codes[i, :n].cpu() for i, n in enumerate(lengths)], stats=stats)
 
@@ -378,7 +400,9 @@ class Engine:
         once, each with its own prompt, position, trailing text, stream and end. Every `chunk_frames`
         frames the finished rows free their slots and the next rows (longest text first) are prefilled
         into them. on_progress(frames_done, frames_total) counts frames over all rows (the total is an
-        estimate until the rows end). Each Result's stats["batch"] holds the slot occupancy of the run.
+        estimate until the rows end). Each Result's stats["batch"] holds the slot occupancy of the run, and
+        stats["codec"] says whether the codec ran during decoding (every row in a slot from the start, one
+        voice: the ComfyUI nodes' case) or after it.
         """
         t0 = time.perf_counter()
         items = list(items)
@@ -390,36 +414,59 @@ class Engine:
         # Longest first, so the short rows fill the tail; an item's takes stay together (one prefill).
         order = [r for k in sorted(range(len(items)), key=lambda k: -rows[item_rows[k][0]].expected)
                  for r in item_rows[k]]
+        slots = min(max_rows, len(rows))
+        # When every row holds its slot from the first frame to its end and all share one ICL reference (or
+        # none), the codec decodes on a side stream while the frames run, as in generate(); otherwise (rows
+        # waiting for a slot, several voices) it decodes the finished rows after the loop, by groups.
+        shared, ref = _shared_reference(rows)
+        overlap = self._overlapped_decode(slots, ref) if len(rows) <= slots and shared else None
         timings = {}
-        chunks = decode_rows(self.runner, rows, slots=min(max_rows, len(rows)),
-                             params=(params or self.defaults).validate(), eos_id=self.cfg.talker.codec_eos_id,
-                             chunk_frames=chunk_frames, order=order, should_stop=should_stop,
-                             on_frames=on_progress, timings=timings)
+        chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
+                             eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, order=order,
+                             should_stop=should_stop, on_frames=on_progress, timings=timings, prelaunch=True,
+                             ahead=self.device.type == "cuda")
         codes, valid = [[] for _ in rows], [[] for _ in rows]
-        for chunk in chunks:
-            for slot, r in enumerate(chunk.rows):
-                if r >= 0:
-                    codes[r].append(chunk.codes[slot])
-                    valid[r].append(chunk.valid[slot])
-        lengths = [int(n) for n in torch.stack([torch.cat(v).sum() for v in valid]).tolist()]
-        codes = [torch.cat(c)[:n] for c, n in zip(codes, lengths)]
-        t_decode = time.perf_counter()
-        audio = self._rows_to_audio(codes, lengths, [r.prompt.ref_codes for r in rows], min(max_rows, len(rows)))
+        slot_of = {}
+        try:
+            for chunk in chunks if overlap is None else overlap.tap(chunks):
+                for slot, r in enumerate(chunk.rows):
+                    if r >= 0:
+                        slot_of[r] = slot
+                        codes[r].append(chunk.codes[slot])
+                        valid[r].append(chunk.valid[slot])
+            lengths = [int(n) for n in torch.stack([torch.cat(v).sum() for v in valid]).tolist()]
+            codes = [torch.cat(c)[:n] for c, n in zip(codes, lengths)]
+            t_decode = time.perf_counter()
+            if overlap is not None:
+                wav = overlap.finish()  # [slots, frames * 1920] on the device, slot order
+                audio = [self._slots_to_audio(wav, [slot_of[r] for r in mine], [lengths[r] for r in mine])
+                         for mine in item_rows]
+            else:
+                by_row = self._rows_to_audio(codes, lengths, [r.prompt.ref_codes for r in rows], slots)
+                audio = [_pad_rows([by_row[r] for r in mine], [lengths[r] for r in mine]) for mine in item_rows]
+        finally:
+            if overlap is not None:
+                overlap.release()
         wall = time.perf_counter() - t0
         results = []
         for k, item in enumerate(items):
             mine = item_rows[k]
             n = [lengths[r] for r in mine]
             samples = [x * SAMPLES_PER_FRAME for x in n]
-            wav = torch.zeros(len(mine), max(samples))
-            for i, r in enumerate(mine):
-                wav[i, : samples[i]] = audio[r]
             stats = {"frames": max(n), "prompt_tokens": prompts[k].prefill.shape[1], "frames_per_take": n,
                      "prefill_s": timings.get("prefill_s", 0.0), "decode_s": t_decode - t0,
                      "codec_s": wall - (t_decode - t0), "wall_s": wall, "audio_s": max(samples) / SAMPLE_RATE,
-                     "notes": prompts[k].notes, "batch": timings.get("batch", {})}
-            results.append(Result(audio=wav, lengths=samples, codes=[codes[r].cpu() for r in mine], stats=stats))
+                     "notes": prompts[k].notes, "batch": timings.get("batch", {}),
+                     "codec": "during decoding" if overlap is not None else "after decoding"}
+            results.append(Result(audio=audio[k], lengths=samples, codes=[codes[r].cpu() for r in mine],
+                                  stats=stats))
         return results
+
+    def _slots_to_audio(self, wav: torch.Tensor, slots: list, lengths: list) -> torch.Tensor:
+        """Rows `slots` of the device audio [slots, samples] as one item's [takes, T_max] float32 CPU audio."""
+        if slots != list(range(len(slots))):  # the item's takes sit elsewhere in the batch: gather them first
+            wav = wav[torch.tensor(slots, device=wav.device)]
+        return self._trim(wav[: len(slots)], lengths)
 
     def _rows_to_audio(self, codes: list, lengths: list, refs: list, group: int) -> list:
         """Waveforms [frames * 1920] of many rows: rows with the same ICL reference (or none) are decoded
@@ -538,8 +585,10 @@ class Engine:
         or None: no codec graphs, or a live stream holds the state of this takes bucket."""
         if self.codec_graphs is None:
             return None
+        from .gpu.codec_graph import bucket_of
         from .gpu.codec_overlap import OverlappedDecode
 
+        self.codec_graphs.precapture([bucket_of(takes)])  # a new row count (generate_batch): once
         overlap = OverlappedDecode(self.codec_graphs, takes, ref_codes)
         return overlap if overlap.active else None
 

@@ -25,9 +25,11 @@ GAP_S = 0.12
 
 
 def make_audio(waveform: torch.Tensor, lengths: list[int], sample_rate: int = SAMPLE_RATE,
-               origin: dict | None = None) -> dict:
+               origin: dict | None = None, copy: bool = True) -> dict:
     """[N, T] (or [T]) float audio + per-take lengths (+ origin {node, seed, first_take}) -> AUDIO dict with
-    waveform [N, 1, T] on the CPU."""
+    waveform [N, 1, T] on the CPU, zero past each take's length. copy=False: the waveform is the caller's to
+    give away (an engine result), so a float32 CPU one is used as it is, its padding zeroed in place; a copy
+    of a 4-take line's audio into new memory costs the host several ms (bench/host_page_faults.py)."""
     if waveform.dim() == 1:
         waveform = waveform.unsqueeze(0)
     if waveform.dim() != 2:
@@ -36,9 +38,14 @@ def make_audio(waveform: torch.Tensor, lengths: list[int], sample_rate: int = SA
     lengths = [int(x) for x in lengths]
     if len(lengths) != n or any(x < 0 or x > t for x in lengths):
         raise ValueError(f"lengths {lengths} do not fit a batch of {n} takes x {t} samples")
-    wav = waveform.detach().to("cpu", torch.float32).clone()
-    for i, n_i in enumerate(lengths):
-        wav[i, n_i:] = 0.0
+    wav = waveform.detach()
+    if wav.device.type != "cpu" or wav.dtype != torch.float32:
+        wav = wav.to("cpu", torch.float32)  # new memory already
+    elif copy:
+        wav = wav.clone()
+    with torch.inference_mode(wav.is_inference()):  # an engine result is an inference tensor: written as one
+        for i, n_i in enumerate(lengths):
+            wav[i, n_i:] = 0.0
     audio = {"waveform": wav.unsqueeze(1).contiguous(), "sample_rate": int(sample_rate), LENGTHS_KEY: lengths}
     if origin is not None:
         audio[ORIGIN_KEY] = dict(origin)

@@ -121,7 +121,7 @@ class Job:
             items, params=self.params, on_progress=self._report, should_stop=mm.processing_interrupted))
         parts = [(res.audio, list(res.lengths)) for res in results]
         wav, lengths = join_segments(parts, self.engine.sample_rate)
-        return make_audio(wav, lengths, self.engine.sample_rate, self.origin())
+        return make_audio(wav, lengths, self.engine.sample_rate, self.origin(), copy=False)  # fresh: no copy
 
     def stream(self, chunk_frames: int, send: Callable[[dict], None]) -> dict:
         """Stream one take of every segment; `send` gets the audio in order as soon as it can be played.

@@ -20,6 +20,20 @@ def test_make_audio_shape_padding_and_lengths():
     assert torch.all(a["waveform"][1, 0, 60:] == 0)
 
 
+def test_make_audio_copies_unless_given_the_waveform():
+    wav = torch.ones(2, 10)
+    a = au.make_audio(wav, [10, 4])
+    assert torch.all(wav == 1) and a["waveform"].data_ptr() != wav.data_ptr()  # the caller's tensor untouched
+    b = au.make_audio(wav, [10, 4], copy=False)  # an engine result, handed over: no copy of the audio
+    assert b["waveform"].data_ptr() == wav.data_ptr() and torch.all(b["waveform"][1, 0, 4:] == 0)
+    with torch.inference_mode():
+        result = torch.ones(2, 10)  # what the engine returns, handed over outside inference mode
+    d = au.make_audio(result, [10, 4], copy=False)
+    assert d["waveform"].data_ptr() == result.data_ptr() and torch.all(d["waveform"][1, 0, 4:] == 0)
+    c = au.make_audio(torch.ones(2, 10, dtype=torch.float64), [10, 4], copy=False)  # converted: new memory anyway
+    assert c["waveform"].dtype == torch.float32 and torch.all(c["waveform"][1, 0, 4:] == 0)
+
+
 def test_make_audio_rejects_inconsistent_lengths():
     with pytest.raises(ValueError):
         au.make_audio(torch.zeros(2, 10), [10])

@@ -83,3 +83,58 @@ def test_graphs_are_reused_across_admissions(tiny_checkpoints):
     assert len(e.runner.graphs) == graphs  # same buckets and windows: nothing new is captured
     assert [r.lengths[0] // 1920 for r in res] == [20 + 7 * k for k in range(10)]
     assert res[0].stats["batch"]["occupancy"] > 0.6
+
+
+def _equal_alone(e, items, results, params):
+    for item, res in zip(items, results):
+        p = params if item.max_new_tokens is None else params.replace(max_new_tokens=item.max_new_tokens)
+        alone = e.generate(item.request, takes=item.takes, seed=item.seed, params=p)
+        assert res.lengths == alone.lengths, (item.request.text, res.lengths, alone.lengths)
+        for i in range(item.takes):
+            assert torch.equal(res.codes[i], alone.codes[i]), f"{item.request.text!r} take {i}"
+        assert res.audio.shape == alone.audio.shape
+        if res.audio.numel():
+            assert float((res.audio - alone.audio).abs().max()) <= 1e-4, item.request.text
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_fp32_rows_that_all_fit_decode_the_codec_during_the_frames(eos_checkpoint, greedy):
+    """Every row holds a slot from the first frame (7 rows, 16 slots): the codec runs on a side stream while the
+    frames run (as in generate), and each item, its takes sitting anywhere in the batch, equals itself alone."""
+    e = _engine(eos_checkpoint, "off")
+    params = e.defaults.replace(max_new_tokens=300)
+    params = params.greedy() if greedy else params
+    results = e.generate_batch(ITEMS, params=params)
+    assert {r.stats["codec"] for r in results} == {"during decoding"}
+    assert results[0].stats["batch"]["slots"] == 7
+    _equal_alone(e, ITEMS, results, params)
+    assert len({n for r in results for n in r.lengths}) >= 3  # rows ended at different frames
+    one = e.generate_batch([ITEMS[2]], params=params)  # the nodes' case: one line, its takes
+    assert one[0].stats["codec"] == "during decoding"
+    _equal_alone(e, [ITEMS[2]], one, params)
+
+
+def test_fp32_icl_rows_share_the_reference_during_the_frames(tiny_checkpoints):
+    """Segments of one cloned voice (one reference) overlap the codec; two voices decode it after the frames."""
+    from engine import Voice
+
+    e = _engine(tiny_checkpoints["base"], "off")
+    g = torch.Generator().manual_seed(3)
+
+    def voice(frames):
+        return Voice(spk_embedding=0.1 * torch.randn(e.cfg.embedding_width, generator=g),
+                     model_size=e.cfg.tts_model_size, ref_codes=torch.randint(0, 2048, (frames, 16), generator=g),
+                     ref_text="Reference words.")
+
+    mine, other = voice(13), voice(21)
+    clone = [BatchItem(Request(mode="clone", text=t, language="English", voice=mine), takes=k, seed=s,
+                       max_new_tokens=n) for t, k, s, n in (("First segment.", 2, 1, 30), ("Second one.", 1, 2, 17))]
+    params = e.defaults.replace(max_new_tokens=40)
+    results = e.generate_batch(clone, params=params)
+    assert {r.stats["codec"] for r in results} == {"during decoding"}
+    _equal_alone(e, clone, results, params)
+    mixed = clone + [BatchItem(Request(mode="clone", text="Another voice.", language="English", voice=other),
+                               seed=3, max_new_tokens=25)]
+    results = e.generate_batch(mixed, params=params)
+    assert {r.stats["codec"] for r in results} == {"after decoding"}
+    _equal_alone(e, mixed, results, params)
