@@ -5,8 +5,9 @@
 Each (engine, mode) runs in a FRESH subprocess, so no prompt length, frame count or chunk size has been
 seen before: what a ComfyUI user gets. The script (bench/real_length_script.py) runs in order at 1 take,
 at 4 takes and streaming with chunk 2 (Engine.generate / Engine.stream), and as the generator nodes run a
-one-segment line at 1 and 4 takes (node1 / node4: generate_batch, the segment join and the AUDIO made); faster-qwen3-tts 0.5.4 runs the same sentences and frame counts
-(1 take, and streaming with chunk 2 up to the first chunk) in the same run. Random real-size checkpoints
+one-segment line at 1 and 4 takes (node1 / node4: generate_batch, the segment join and the AUDIO made).
+faster-qwen3-tts 0.5.4 runs the same sentences and frame counts (1 take, and streaming with chunk 2 up to
+the first chunk) in the same run. Random real-size checkpoints
 with EOS disabled make every request decode exactly its frame count.
 
 Per mode it reports audio s / wall s, p50/p95 wall per request, p50/p95 first audio (the first streamed
