@@ -14,6 +14,7 @@ from .config import SAMPLE_RATE, SAMPLES_PER_FRAME, ModelConfig
 from . import sampling
 from .decode import EagerFrames, Row, collect, decode_frames, decode_rows
 from .engine_lock import EngineLock, serialised, serialised_stream
+from .host_audio import HostAudio, touching
 from .errors import (
     InvalidInputError,
     ModeError,
@@ -351,11 +352,12 @@ class Engine:
         chunks = self._frames(prompt, takes, seed, params, max_frames, progress_every, take_offset, should_stop,
                               on_progress, timings, prelaunch=True)
         overlap = self._overlapped_decode(takes, prompt.ref_codes)
+        host = HostAudio(takes, max_frames) if overlap is not None else None
         try:
-            codes, lengths = collect(chunks if overlap is None else overlap.tap(chunks))
+            codes, lengths = collect(chunks if overlap is None else touching(overlap.tap(chunks), host))
             t_decode = time.perf_counter()
             if overlap is not None:
-                audio = self._trim(overlap.finish(), lengths)
+                audio = self._trim(overlap.finish(), lengths, host)
             else:
                 audio = self._codes_to_audio(codes, lengths, prompt.ref_codes)
         finally:
@@ -426,7 +428,8 @@ class Engine:
                              should_stop=should_stop, on_frames=on_progress, timings=timings, prelaunch=True,
                              ahead=self.device.type == "cuda")
         codes, valid = [[] for _ in rows], [[] for _ in rows]
-        slot_of = {}
+        slot_of, ended = {}, set()
+        hosts = [HostAudio(len(mine), rows[mine[0]].max_frames) for mine in item_rows] if overlap else []
         try:
             for chunk in chunks if overlap is None else overlap.tap(chunks):
                 for slot, r in enumerate(chunk.rows):
@@ -434,13 +437,17 @@ class Engine:
                         slot_of[r] = slot
                         codes[r].append(chunk.codes[slot])
                         valid[r].append(chunk.valid[slot])
+                for mine, host in zip(item_rows, hosts):  # an item's memory grows until its last take ends
+                    if not ended.issuperset(mine):
+                        host.touch(chunk.start + chunk.codes.shape[1])
+                ended.update(chunk.ended)
             lengths = [int(n) for n in torch.stack([torch.cat(v).sum() for v in valid]).tolist()]
             codes = [torch.cat(c)[:n] for c, n in zip(codes, lengths)]
             t_decode = time.perf_counter()
             if overlap is not None:
                 wav = overlap.finish()  # [slots, frames * 1920] on the device, slot order
-                audio = [self._slots_to_audio(wav, [slot_of[r] for r in mine], [lengths[r] for r in mine])
-                         for mine in item_rows]
+                audio = [self._slots_to_audio(wav, [slot_of[r] for r in mine], [lengths[r] for r in mine], host)
+                         for mine, host in zip(item_rows, hosts)]
             else:
                 by_row = self._rows_to_audio(codes, lengths, [r.prompt.ref_codes for r in rows], slots)
                 audio = [_pad_rows([by_row[r] for r in mine], [lengths[r] for r in mine]) for mine in item_rows]
@@ -462,11 +469,11 @@ class Engine:
                                   stats=stats))
         return results
 
-    def _slots_to_audio(self, wav: torch.Tensor, slots: list, lengths: list) -> torch.Tensor:
+    def _slots_to_audio(self, wav: torch.Tensor, slots: list, lengths: list, host: HostAudio) -> torch.Tensor:
         """Rows `slots` of the device audio [slots, samples] as one item's [takes, T_max] float32 CPU audio."""
         if slots != list(range(len(slots))):  # the item's takes sit elsewhere in the batch: gather them first
             wav = wav[torch.tensor(slots, device=wav.device)]
-        return self._trim(wav[: len(slots)], lengths)
+        return self._trim(wav[: len(slots)], lengths, host)
 
     def _rows_to_audio(self, codes: list, lengths: list, refs: list, group: int) -> list:
         """Waveforms [frames * 1920] of many rows: rows with the same ICL reference (or none) are decoded
@@ -593,8 +600,9 @@ class Engine:
         return overlap if overlap.active else None
 
     @staticmethod
-    def _trim(wav: torch.Tensor, lengths: list) -> torch.Tensor:
-        """[B, samples] on any device -> float32 CPU, zero past each take's `lengths` frames.
+    def _trim(wav: torch.Tensor, lengths: list, host: HostAudio | None = None) -> torch.Tensor:
+        """[B, samples] on any device -> float32 CPU, zero past each take's `lengths` frames (into `host`'s
+        resident memory when given, engine/host_audio.py).
 
         The cut and the zeroing run where the audio is, and the result crosses to the host in one copy: CPU
         tensor ops here woke torch's intra-op thread pool, which cost up to 11 ms after the GPU was done
@@ -602,7 +610,8 @@ class Engine:
         samples = torch.tensor(lengths, device=wav.device) * SAMPLES_PER_FRAME
         wav = wav[:, : max(lengths, default=0) * SAMPLES_PER_FRAME].float()
         keep = torch.arange(wav.shape[1], device=wav.device)[None] < samples[:, None]
-        return wav.masked_fill(~keep, 0.0).cpu()
+        wav = wav.masked_fill(~keep, 0.0)
+        return wav.cpu() if host is None else host.take(wav)
 
     def _codes_to_audio(self, codes: torch.Tensor, lengths: list, ref_codes: torch.Tensor | None) -> torch.Tensor:
         """Decode [B, T, 16] codes; frames past a take's end are zeroed first (the codec is causal, so

@@ -92,7 +92,7 @@ def _equal_alone(e, items, results, params):
         assert res.lengths == alone.lengths, (item.request.text, res.lengths, alone.lengths)
         for i in range(item.takes):
             assert torch.equal(res.codes[i], alone.codes[i]), f"{item.request.text!r} take {i}"
-        assert res.audio.shape == alone.audio.shape
+        assert res.audio.shape == alone.audio.shape and res.audio.is_contiguous() and alone.audio.is_contiguous()
         if res.audio.numel():
             assert float((res.audio - alone.audio).abs().max()) <= 1e-4, item.request.text
 
