@@ -429,7 +429,7 @@ class Engine:
                              ahead=self.device.type == "cuda")
         codes, valid = [[] for _ in rows], [[] for _ in rows]
         slot_of, ended = {}, set()
-        hosts = [HostAudio(len(mine), rows[mine[0]].max_frames) for mine in item_rows] if overlap else []
+        hosts = [HostAudio(len(mine), rows[mine[0]].max_frames) for mine in item_rows] if overlap is not None else []
         try:
             for chunk in chunks if overlap is None else overlap.tap(chunks):
                 for slot, r in enumerate(chunk.rows):

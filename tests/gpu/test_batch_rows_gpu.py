@@ -29,6 +29,20 @@ def _engine(path, triton):
     return Engine.load(path, device="cuda", dtype="fp32", cuda_graphs="on", triton=triton, max_seq_len=512)
 
 
+def _equal_alone(e, items, results, params) -> list:
+    """Each item of a batch equals itself generated alone; returns every row's frames."""
+    for item, res in zip(items, results):
+        p = params if item.max_new_tokens is None else params.replace(max_new_tokens=item.max_new_tokens)
+        alone = e.generate(item.request, takes=item.takes, seed=item.seed, params=p)
+        assert res.lengths == alone.lengths, (item.request.text, res.lengths, alone.lengths)
+        for i in range(item.takes):
+            assert torch.equal(res.codes[i], alone.codes[i]), f"{item.request.text!r} take {i}"
+        assert res.audio.shape == alone.audio.shape and res.audio.is_contiguous() and alone.audio.is_contiguous()
+        if res.audio.numel():
+            assert float((res.audio - alone.audio).abs().max()) <= 1e-4, item.request.text
+    return [n // 1920 for res in results for n in res.lengths]
+
+
 @pytest.mark.parametrize("triton", ["off", "on"])
 @pytest.mark.parametrize("greedy", [True, False])
 def test_fp32_mixed_rows_equal_each_alone_under_graphs(eos_checkpoint, triton, greedy):
@@ -43,16 +57,7 @@ def test_fp32_mixed_rows_equal_each_alone_under_graphs(eos_checkpoint, triton, g
     params = e.defaults.replace(max_new_tokens=300)
     params = params.greedy() if greedy else params
     results = e.generate_batch(ITEMS, params=params, max_rows=4, chunk_frames=4)  # 7 rows in 4 slots
-    ends = []
-    for item, res in zip(ITEMS, results):
-        p = params if item.max_new_tokens is None else params.replace(max_new_tokens=item.max_new_tokens)
-        alone = e.generate(item.request, takes=item.takes, seed=item.seed, params=p)
-        assert res.lengths == alone.lengths, (item.request.text, res.lengths, alone.lengths)
-        for i in range(item.takes):
-            assert torch.equal(res.codes[i], alone.codes[i]), f"{item.request.text!r} take {i}"
-        if res.audio.numel():
-            assert float((res.audio - alone.audio).abs().max()) <= 1e-4
-        ends += [n // 1920 for n in res.lengths]
+    ends = _equal_alone(e, ITEMS, results, params)
     print(f"triton {triton} greedy {greedy}: row ends {ends}, batch {results[0].stats['batch']}")
     assert len(set(ends)) >= 3, ends
 
@@ -83,18 +88,6 @@ def test_graphs_are_reused_across_admissions(tiny_checkpoints):
     assert len(e.runner.graphs) == graphs  # same buckets and windows: nothing new is captured
     assert [r.lengths[0] // 1920 for r in res] == [20 + 7 * k for k in range(10)]
     assert res[0].stats["batch"]["occupancy"] > 0.6
-
-
-def _equal_alone(e, items, results, params):
-    for item, res in zip(items, results):
-        p = params if item.max_new_tokens is None else params.replace(max_new_tokens=item.max_new_tokens)
-        alone = e.generate(item.request, takes=item.takes, seed=item.seed, params=p)
-        assert res.lengths == alone.lengths, (item.request.text, res.lengths, alone.lengths)
-        for i in range(item.takes):
-            assert torch.equal(res.codes[i], alone.codes[i]), f"{item.request.text!r} take {i}"
-        assert res.audio.shape == alone.audio.shape and res.audio.is_contiguous() and alone.audio.is_contiguous()
-        if res.audio.numel():
-            assert float((res.audio - alone.audio).abs().max()) <= 1e-4, item.request.text
 
 
 @pytest.mark.parametrize("greedy", [True, False])
