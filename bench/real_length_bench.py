@@ -5,7 +5,8 @@
 Each (engine, mode) runs in a FRESH subprocess, so no prompt length, frame count or chunk size has been
 seen before: what a ComfyUI user gets. The script (bench/real_length_script.py) runs in order at 1 take,
 at 4 takes and streaming with chunk 2 (Engine.generate / Engine.stream), and as the generator nodes run a
-one-segment line at 1 and 4 takes (node1 / node4: generate_batch, the segment join and the AUDIO made).
+one-segment line at 1 and 4 takes (node1 / node4: generate_batch, the segment join and the AUDIO made) and
+as the StreamChunks node streams it at its default chunk size (nodestream8: stream_batch, first chunk 2).
 faster-qwen3-tts 0.5.4 runs the same sentences and frame counts (1 take, and streaming with chunk 2 up to
 the first chunk) in the same run. Random real-size checkpoints
 with EOS disabled make every request decode exactly its frame count.
@@ -92,7 +93,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
 
     sys.path.insert(0, str(engine_root))
     from engine import BatchItem, Engine, Request
-    from nodes.audio_utils import join_segments, make_audio  # no ComfyUI imports
+    from nodes.audio_utils import StreamJoiner, join_segments, make_audio  # no ComfyUI imports
 
     t = time.perf_counter()
     torch.zeros(1, device="cuda")  # the process's CUDA start, timed apart: in ComfyUI it happens at launch
@@ -112,6 +113,25 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
         wav, lengths = join_segments([(res.audio, list(res.lengths))], eng.sample_rate)
         make_audio(wav, lengths, eng.sample_rate, {"node": "bench", "seed": seed, "first_take": 0}, **hand_over)
         return res
+
+    def node_stream(req, seed, params):
+        """What the StreamChunks node runs for a one-segment line at its default chunk_size 8 (nodes/runner.py
+        Job.stream, without ComfyUI's progress bar and the browser messages): stream_batch of one item, first
+        chunk 2 frames, each chunk through the segment joiner, the AUDIO made at the end. Returns (first audio
+        s, frames)."""
+        t0, first, frames, pieces = time.perf_counter(), None, 0, []
+        joiner = StreamJoiner(1, eng.sample_rate)
+        for chunk in eng.stream_batch([BatchItem(req, takes=1, seed=seed)], params=params, chunk_frames=8,
+                                      first_chunk_frames=2):
+            x = joiner.push(chunk.audio)
+            if x.numel():
+                first = time.perf_counter() - t0 if first is None else first
+                pieces.append(x)
+            frames += chunk.codes.shape[0]
+        pieces.append(joiner.end_segment())
+        wav = torch.cat(pieces)
+        make_audio(wav.unsqueeze(0), [wav.numel()], eng.sample_rate, **hand_over)
+        return first, frames
     stream_kw = {"chunk_frames": 2}
     if first_chunk:
         stream_kw["first_chunk_frames"] = first_chunk
@@ -119,7 +139,11 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     def one(lang, text, frames, seed):
         req = Request(mode="custom", text=text, language=lang, speaker=SPEAKER)
         t0 = time.perf_counter()
-        if mode == "stream2":
+        if mode == "nodestream8":
+            first, n = node_stream(req, seed, script_params(eng, frames))
+            wall = time.perf_counter() - t0
+            extra = {}
+        elif mode == "stream2":
             first, n = None, 0
             for chunk in eng.stream(req, takes=1, seed=seed, params=script_params(eng, frames), **stream_kw):
                 first = chunk.elapsed_s if first is None else first
@@ -242,7 +266,8 @@ def run_worker(args: list) -> dict:
 # Report
 
 MODES = {"take1": "1 take", "takes4": "4 takes", "stream2": "streaming, chunk 2",
-         "node1": "node path, 1 take", "node4": "node path, 4 takes"}
+         "node1": "node path, 1 take", "node4": "node path, 4 takes",
+         "nodestream8": "Stream node path, chunk 8 (first 2)"}
 
 
 def table(results: dict) -> str:
