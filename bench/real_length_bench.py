@@ -23,7 +23,6 @@ collections during each request (--gc off runs our worker with the collector dis
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import time
@@ -93,7 +92,6 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
 
     sys.path.insert(0, str(engine_root))
     from engine import BatchItem, Engine, Request
-    from nodes.audio_utils import StreamJoiner, join_segments, make_audio  # no ComfyUI imports
 
     t = time.perf_counter()
     torch.zeros(1, device="cuda")  # the process's CUDA start, timed apart: in ComfyUI it happens at launch
@@ -104,14 +102,15 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t
     takes = 4 if mode in ("takes4", "node4") else 1
-    hand_over = {"copy": False} if "copy" in inspect.signature(make_audio).parameters else {}  # older trees
 
     def node_generate(req, seed, params):
         """What a generator node runs for a one-segment line (nodes/runner.py Job.generate, without ComfyUI's
-        progress bar): generate_batch of one item, the segments joined, the AUDIO made."""
+        progress bar): generate_batch of one item, then its AUDIO (results_audio: a tree from the review of
+        b86c3ba on; the other modes run any tree)."""
+        from nodes.audio_utils import results_audio  # no ComfyUI imports
+
         res = eng.generate_batch([BatchItem(req, takes=takes, seed=seed)], params=params)[0]
-        wav, lengths = join_segments([(res.audio, list(res.lengths))], eng.sample_rate)
-        make_audio(wav, lengths, eng.sample_rate, {"node": "bench", "seed": seed, "first_take": 0}, **hand_over)
+        results_audio([res], eng.sample_rate, {"node": "bench", "seed": seed, "first_take": 0})
         return res
 
     def node_stream(req, seed, params):
@@ -119,6 +118,8 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
         Job.stream, without ComfyUI's progress bar and the browser messages): stream_batch of one item, first
         chunk 2 frames, each chunk through the segment joiner, the AUDIO made at the end. Returns (first audio
         s, frames)."""
+        from nodes.audio_utils import StreamJoiner, make_audio
+
         t0, first, frames, pieces = time.perf_counter(), None, 0, []
         joiner = StreamJoiner(1, eng.sample_rate)
         for chunk in eng.stream_batch([BatchItem(req, takes=1, seed=seed)], params=params, chunk_frames=8,
@@ -130,7 +131,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
             frames += chunk.codes.shape[0]
         pieces.append(joiner.end_segment())
         wav = torch.cat(pieces)
-        make_audio(wav.unsqueeze(0), [wav.numel()], eng.sample_rate, **hand_over)
+        make_audio(wav.unsqueeze(0), [wav.numel()], eng.sample_rate, copy=False)
         return first, frames
     stream_kw = {"chunk_frames": 2}
     if first_chunk:

@@ -354,7 +354,8 @@ class Engine:
         overlap = self._overlapped_decode(takes, prompt.ref_codes)
         host = HostAudio(takes, max_frames) if overlap is not None else None
         try:
-            codes, lengths = collect(chunks if overlap is None else touching(overlap.tap(chunks), host))
+            codes, lengths = collect(chunks if overlap is None else touching(overlap.tap(chunks),
+                                                                             [(range(takes), host)]))
             t_decode = time.perf_counter()
             if overlap is not None:
                 audio = self._trim(overlap.finish(), lengths, host)
@@ -420,27 +421,23 @@ class Engine:
         # When every row holds its slot from the first frame to its end and all share one ICL reference (or
         # none), the codec decodes on a side stream while the frames run, as in generate(); otherwise (rows
         # waiting for a slot, several voices) it decodes the finished rows after the loop, by groups.
-        shared, ref = _shared_reference(rows)
-        overlap = self._overlapped_decode(slots, ref) if len(rows) <= slots and shared else None
+        shared, ref = _shared_reference(rows) if len(rows) <= slots else (False, None)
+        overlap = self._overlapped_decode(slots, ref) if shared else None
         timings = {}
         chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, order=order,
                              should_stop=should_stop, on_frames=on_progress, timings=timings, prelaunch=True,
                              ahead=self.device.type == "cuda")
         codes, valid = [[] for _ in rows], [[] for _ in rows]
-        slot_of, ended = {}, set()
+        slot_of = {}
         hosts = [HostAudio(len(mine), rows[mine[0]].max_frames) for mine in item_rows] if overlap is not None else []
         try:
-            for chunk in chunks if overlap is None else overlap.tap(chunks):
+            for chunk in chunks if overlap is None else touching(overlap.tap(chunks), list(zip(item_rows, hosts))):
                 for slot, r in enumerate(chunk.rows):
                     if r >= 0:
                         slot_of[r] = slot
                         codes[r].append(chunk.codes[slot])
                         valid[r].append(chunk.valid[slot])
-                for mine, host in zip(item_rows, hosts):  # an item's memory grows until its last take ends
-                    if not ended.issuperset(mine):
-                        host.touch(chunk.start + chunk.codes.shape[1])
-                ended.update(chunk.ended)
             lengths = [int(n) for n in torch.stack([torch.cat(v).sum() for v in valid]).tolist()]
             codes = [torch.cat(c)[:n] for c, n in zip(codes, lengths)]
             t_decode = time.perf_counter()
@@ -471,9 +468,11 @@ class Engine:
 
     def _slots_to_audio(self, wav: torch.Tensor, slots: list, lengths: list, host: HostAudio) -> torch.Tensor:
         """Rows `slots` of the device audio [slots, samples] as one item's [takes, T_max] float32 CPU audio."""
-        if slots != list(range(len(slots))):  # the item's takes sit elsewhere in the batch: gather them first
+        if slots == list(range(len(slots))):
+            wav = wav[: len(slots)]
+        else:  # the item's takes sit elsewhere in the batch: gather them
             wav = wav[torch.tensor(slots, device=wav.device)]
-        return self._trim(wav[: len(slots)], lengths, host)
+        return self._trim(wav, lengths, host)
 
     def _rows_to_audio(self, codes: list, lengths: list, refs: list, group: int) -> list:
         """Waveforms [frames * 1920] of many rows: rows with the same ICL reference (or none) are decoded

@@ -48,8 +48,13 @@ class HostAudio:
         return out
 
 
-def touching(chunks, host: HostAudio):
-    """Pass the decode loop's chunks through, touching `host` for the frames decoded so far at each."""
+def touching(chunks, hosts: list):
+    """Pass the decode loop's chunks through; at each, every (rows, HostAudio) pair of `hosts` whose rows have
+    not all ended before it is touched for the frames decoded so far (memory grows until its last take ends)."""
+    ended = set()
     for chunk in chunks:
-        host.touch(chunk.start + chunk.codes.shape[1])
+        for rows, host in hosts:
+            if not ended.issuperset(rows):
+                host.touch(chunk.start + chunk.codes.shape[1])
+        ended.update(chunk.ended)
         yield chunk

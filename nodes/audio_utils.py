@@ -52,6 +52,13 @@ def make_audio(waveform: torch.Tensor, lengths: list[int], sample_rate: int = SA
     return audio
 
 
+def results_audio(results: list, sample_rate: int = SAMPLE_RATE, origin: dict | None = None) -> dict:
+    """The AUDIO of a generator's segments, one engine Result each in order: joined (join_segments) and
+    handed to make_audio without another copy (the results are the caller's)."""
+    wav, lengths = join_segments([(res.audio, list(res.lengths)) for res in results], sample_rate)
+    return make_audio(wav, lengths, sample_rate, origin, copy=False)
+
+
 def take_lengths(audio: dict) -> list[int]:
     """Real length of every take; the full length when the dict carries no (consistent) lengths."""
     wav = audio["waveform"]

@@ -17,7 +17,7 @@ import comfy.utils
 
 from . import engine_cache
 from .common import MAX_SEGMENT_CHARS, MIN_SEGMENT_CHARS, SEED_MAX
-from .audio_utils import StreamJoiner, join_segments, make_audio
+from .audio_utils import StreamJoiner, make_audio, results_audio
 from .sampling import sampling_changes
 from .text_split import DEFAULT_MAX_UNITS, PROMPT_OVERHEAD, segment_budget, split_text
 
@@ -119,9 +119,7 @@ class Job:
                  for k in range(len(self.segments))]
         results = self.call(lambda: self.engine.generate_batch(
             items, params=self.params, on_progress=self._report, should_stop=mm.processing_interrupted))
-        parts = [(res.audio, list(res.lengths)) for res in results]
-        wav, lengths = join_segments(parts, self.engine.sample_rate)
-        return make_audio(wav, lengths, self.engine.sample_rate, self.origin(), copy=False)  # fresh: no copy
+        return results_audio(results, self.engine.sample_rate, self.origin())
 
     def stream(self, chunk_frames: int, send: Callable[[dict], None]) -> dict:
         """Stream one take of every segment; `send` gets the audio in order as soon as it can be played.

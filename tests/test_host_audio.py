@@ -50,10 +50,24 @@ def test_only_the_frames_touched_so_far_are_resident():
 def test_touching_follows_the_chunks():
     class Chunk:
         def __init__(self, start, k):
-            self.start, self.codes = start, torch.zeros(1, k, 16)
+            self.start, self.codes, self.ended = start, torch.zeros(1, k, 16), ()
 
     host = HostAudio(rows=2, max_frames=64)
     seen = []
-    for chunk in touching(iter([Chunk(0, 2), Chunk(2, 4), Chunk(6, 4)]), host):
+    for chunk in touching(iter([Chunk(0, 2), Chunk(2, 4), Chunk(6, 4)]), [(range(2), host)]):
         seen.append(host.touched)
     assert seen == [-(-4 * 2 * f * SAMPLES_PER_FRAME // PAGE) * PAGE for f in (2, 6, 10)]
+
+
+def test_touching_stops_growing_an_item_once_its_takes_have_ended():
+    class Chunk:
+        def __init__(self, start, k, ended):
+            self.start, self.codes, self.ended = start, torch.zeros(1, k, 16), ended
+
+    short, long_ = HostAudio(rows=1, max_frames=64), HostAudio(rows=2, max_frames=64)
+    chunks = [Chunk(0, 4, ()), Chunk(4, 4, (0,)), Chunk(8, 4, ()), Chunk(12, 4, (1, 2))]
+    for _ in touching(iter(chunks), [([0], short), ([1, 2], long_)]):
+        pass
+    page = -(-4 * SAMPLES_PER_FRAME * 8 // PAGE) * PAGE  # 8 frames of one row: the chunk row 0 ended in
+    assert short.touched == page
+    assert long_.touched == -(-4 * 2 * SAMPLES_PER_FRAME * 16 // PAGE) * PAGE

@@ -34,6 +34,21 @@ def test_make_audio_copies_unless_given_the_waveform():
     assert c["waveform"].dtype == torch.float32 and torch.all(c["waveform"][1, 0, 4:] == 0)
 
 
+def test_results_audio_joins_the_segments_without_copying_one():
+    class Res:
+        def __init__(self, audio, lengths):
+            self.audio, self.lengths = audio, lengths
+
+    one = Res(torch.ones(2, 10), [10, 6])
+    a = au.results_audio([one], 24000, {"node": "X", "seed": 1, "first_take": 0})
+    assert a["waveform"].data_ptr() == one.audio.data_ptr() and a[au.LENGTHS_KEY] == [10, 6]
+    assert torch.all(a["waveform"][1, 0, 6:] == 0) and au.take_origin(a, 1)["take"] == 1
+    segments = [one, Res(torch.ones(2, 8), [8, 8])]
+    two = au.results_audio(segments, 24000)
+    wav, lengths = au.join_segments([(r.audio, list(r.lengths)) for r in segments], 24000)
+    assert two[au.LENGTHS_KEY] == lengths and torch.equal(two["waveform"][:, 0], wav)
+
+
 def test_make_audio_rejects_inconsistent_lengths():
     with pytest.raises(ValueError):
         au.make_audio(torch.zeros(2, 10), [10])
