@@ -105,8 +105,8 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
 
     def node_generate(req, seed, params):
         """What a generator node runs for a one-segment line (nodes/runner.py Job.generate, without ComfyUI's
-        progress bar): generate_batch of one item, then its AUDIO (results_audio: a tree from the review of
-        b86c3ba on; the other modes run any tree)."""
+        progress bar): generate_batch of one item, then its AUDIO (results_audio: a tree from d650cc2 on; the
+        other modes run any tree)."""
         from nodes.audio_utils import results_audio  # no ComfyUI imports
 
         res = eng.generate_batch([BatchItem(req, takes=takes, seed=seed)], params=params)[0]
