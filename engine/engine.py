@@ -560,30 +560,39 @@ class Engine:
         from .codec.row_streams import RowStreams
 
         streams = RowStreams(self.codec.decoder, self.codec_graphs)
+        # With codec graphs, as in stream(): each chunk's codecs and copies run on a side stream while the next
+        # chunk's first frame, launched ahead, runs on the main one, and the host syncs only the side stream.
+        side = torch.cuda.Stream(self.device) if self.codec_graphs is not None else None
         chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames,
                              should_stop=should_stop, on_frames=on_progress, first_chunk_frames=first_chunk_frames,
-                             lead_rows=lead)
+                             lead_rows=lead, prelaunch=side is not None, ahead=side is not None)
         count = [0] * len(rows)
         try:
             for chunk in chunks:
-                real = chunk.valid.sum(1).tolist()  # a row's real frames are a prefix of its chunk
-                for slot, r in enumerate(chunk.rows):
-                    if r < 0:
-                        continue
-                    if count[r] == 0:
-                        streams.open(r, rows[r].prompt.ref_codes)
-                    codes = chunk.codes[slot, : real[slot]]
-                    wav = streams.push(r, codes).float().cpu() if real[slot] else torch.zeros(0)
-                    final = r in chunk.ended
-                    if final:
-                        streams.close(r)
-                    k, i = tag[r]
-                    yield RowChunk(item=k, take=i, audio=wav, codes=codes.cpu(), index=count[r], final=final,
-                                   elapsed_s=time.perf_counter() - t0)
-                    count[r] += 1
+                out = []
+                with chunk.on(side):
+                    real = chunk.valid.sum(1).tolist()  # a row's real frames are a prefix of its chunk
+                    codes_host = chunk.codes.cpu()
+                    for slot, r in enumerate(chunk.rows):
+                        if r < 0:
+                            continue
+                        if count[r] == 0:
+                            streams.open(r, rows[r].prompt.ref_codes)
+                        n = real[slot]
+                        wav = streams.push(r, chunk.codes[slot, :n]).float().cpu() if n else torch.zeros(0)
+                        final = r in chunk.ended
+                        if final:
+                            streams.close(r)
+                        k, i = tag[r]
+                        out.append(RowChunk(item=k, take=i, audio=wav, codes=codes_host[slot, :n], index=count[r],
+                                            final=final, elapsed_s=time.perf_counter() - t0))
+                        count[r] += 1
+                yield from out  # after the block: the consumer runs on the main stream
         finally:
             chunks.close()  # the loop first, then the codec states it fed
+            if side is not None:
+                torch.cuda.current_stream(self.device).wait_stream(side)
             streams.release()
 
     def _overlapped_decode(self, takes: int, ref_codes):
