@@ -9,18 +9,17 @@ from pathlib import Path
 
 import torch
 
-from . import checks
+from . import checks, sampling
 from .config import SAMPLE_RATE, SAMPLES_PER_FRAME, ModelConfig
-from . import sampling
 from .decode import EagerFrames, Row, collect, decode_frames, decode_rows
 from .engine_lock import EngineLock, serialised, serialised_stream
-from .host_audio import HostAudio, touching
 from .errors import (
     InvalidInputError,
     ModeError,
     PromptTooLongError,
     UnsupportedConfigError,
 )
+from .host_audio import HostAudio, touching
 from .prompt import MODE_OF_MODEL, Prompt, PromptBuilder, Request, expected_frames
 from .sampling import MAX_NEW_TOKENS, SEED_MAX, SamplingParams, check_take_range
 from .voice import Voice
