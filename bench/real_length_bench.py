@@ -116,20 +116,18 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     def node_stream(req, seed, params):
         """What the StreamChunks node runs for a one-segment line at its default chunk_size 8 (nodes/runner.py
         Job.stream, without ComfyUI's progress bar and the browser messages): stream_batch of one item, first
-        chunk 2 frames, each chunk through the segment joiner, the AUDIO made at the end. Returns (first audio
-        s, frames)."""
-        from nodes.audio_utils import StreamJoiner, make_audio
+        chunk 2 frames, the chunks in play order (play_order: a tree from this bench's commit on), the AUDIO
+        made at the end. Returns (first audio s, frames)."""
+        from nodes.audio_utils import make_audio, play_order
 
         t0, first, frames, pieces = time.perf_counter(), None, 0, []
-        joiner = StreamJoiner(1, eng.sample_rate)
-        for chunk in eng.stream_batch([BatchItem(req, takes=1, seed=seed)], params=params, chunk_frames=8,
-                                      first_chunk_frames=2):
-            x = joiner.push(chunk.audio)
-            if x.numel():
-                first = time.perf_counter() - t0 if first is None else first
-                pieces.append(x)
+        chunks = eng.stream_batch([BatchItem(req, takes=1, seed=seed)], params=params, chunk_frames=8,
+                                  first_chunk_frames=2)
+        for chunk, ready in play_order(chunks, 1, eng.sample_rate):
+            if ready and first is None:
+                first = time.perf_counter() - t0
+            pieces += ready
             frames += chunk.codes.shape[0]
-        pieces.append(joiner.end_segment())
         wav = torch.cat(pieces)
         make_audio(wav.unsqueeze(0), [wav.numel()], eng.sample_rate, copy=False)
         return first, frames

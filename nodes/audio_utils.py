@@ -203,3 +203,28 @@ class StreamJoiner:
         if last:
             return tail
         return torch.cat([self.fades.fade_out(tail), torch.zeros(self.fades.gap)])
+def play_order(chunks, n_segments: int, sample_rate: int = SAMPLE_RATE):
+    """One take of `n_segments` segments streamed as rows of one batch (Engine.stream_batch's RowChunks, item =
+    segment, in any arrival order) -> (chunk, pieces) per chunk: the audio ready to play after it, in play order
+    and joined as StreamJoiner joins it. The segment playing sends its audio as it comes; a later segment's is
+    held until every earlier one has ended."""
+    joiner = StreamJoiner(n_segments, sample_rate)
+    held = [[] for _ in range(n_segments)]  # audio of segments after the one playing, in arrival order
+    ended = [False] * n_segments
+    turn = 0  # the segment whose audio is being played
+    for chunk in chunks:
+        out = []
+        if chunk.item == turn:
+            out.append(joiner.push(chunk.audio))
+        elif chunk.audio.numel():
+            held[chunk.item].append(chunk.audio)
+        ended[chunk.item] = chunk.final
+        while turn < n_segments and ended[turn]:  # its turn is over: the next segment's held audio goes out
+            out.append(joiner.end_segment())
+            turn += 1
+            if turn < n_segments:
+                out.extend(joiner.push(x) for x in held[turn])
+                held[turn] = []
+        yield chunk, [x for x in out if x.numel()]
+
+

@@ -17,7 +17,7 @@ import comfy.utils
 
 from . import engine_cache
 from .common import MAX_SEGMENT_CHARS, MIN_SEGMENT_CHARS, SEED_MAX
-from .audio_utils import StreamJoiner, make_audio, results_audio
+from .audio_utils import make_audio, play_order, results_audio
 from .sampling import sampling_changes
 from .text_split import DEFAULT_MAX_UNITS, PROMPT_OVERHEAD, segment_budget, split_text
 
@@ -129,7 +129,6 @@ class Job:
         BatchItem = _batch_item()
         n = len(self.segments)
         sr = self.engine.sample_rate
-        joiner = StreamJoiner(n, sr)
         pieces, sent, t0 = [], 0, time.perf_counter()
         ttfa = None
 
@@ -149,29 +148,16 @@ class Job:
         first_chunk = FIRST_CHUNK_FRAMES if isinstance(chunk_frames, int) and chunk_frames > FIRST_CHUNK_FRAMES else 0
         items = [BatchItem(self.request(k), takes=1, seed=self.seed_for(k), take_offset=self.first_take)
                  for k in range(n)]
-        held = [[] for _ in range(n)]  # audio of segments after the one playing, in arrival order
-        ended = [False] * n
 
         def run():
-            turn = 0  # the segment whose audio is being sent
             # closing(): an interrupt raised here must end the generator (and free the engine) now, not
             # when the traceback that still references it is collected.
             with contextlib.closing(self.engine.stream_batch(
                     items, params=self.params, chunk_frames=chunk_frames, first_chunk_frames=first_chunk,
                     on_progress=self._report, should_stop=mm.processing_interrupted)) as chunks:
-                for chunk in chunks:
-                    if chunk.item == turn:
-                        emit(joiner.push(chunk.audio))
-                    elif chunk.audio.numel():
-                        held[chunk.item].append(chunk.audio)
-                    ended[chunk.item] = chunk.final
-                    while turn < n and ended[turn]:  # its turn is over: the next segment's held audio goes out
-                        emit(joiner.end_segment())
-                        turn += 1
-                        if turn < n:
-                            for x in held[turn]:
-                                emit(joiner.push(x))
-                            held[turn] = []
+                for _, ready in play_order(chunks, n, sr):  # segment 1 as it comes, later ones held for their turn
+                    for x in ready:
+                        emit(x)
                     mm.throw_exception_if_processing_interrupted()
         self.call(run)
         wav = torch.cat(pieces) if pieces else torch.zeros(0)

@@ -134,3 +134,28 @@ def test_stream_joiner_single_segment_passthrough():
     j = au.StreamJoiner(1)
     x = torch.randn(100)
     assert torch.equal(j.push(x), x) and j.end_segment().numel() == 0
+
+
+def test_play_order_holds_later_segments_and_joins_like_join_segments():
+    """Rows of one stream_batch arrive interleaved: segment 1's audio goes out as it comes, segment 2's (and 3's)
+    only once every earlier segment has ended, and everything sent equals join_segments of the segments."""
+    from types import SimpleNamespace
+
+    seg_lengths = [[3000], [2000], [1500]]
+    segs = _segments(1, seg_lengths)
+    ref, lengths = au.join_segments(segs)
+    parts = [[wav[0, i:i + 700] for i in range(0, n, 700)] for wav, (n,) in segs]
+    arrival = []  # round robin over the segments still running, as rows of one batch
+    while any(parts):
+        for k, p in enumerate(parts):
+            if p:
+                arrival.append(SimpleNamespace(item=k, audio=p.pop(0), final=not p))
+    sent_at = []  # (arrival index, sent samples)
+    for i, (chunk, ready) in enumerate(au.play_order(arrival, len(segs))):
+        assert chunk is arrival[i]
+        sent_at += [(i, x) for x in ready]
+    got = torch.cat([x for _, x in sent_at])
+    assert got.numel() == lengths[0] and torch.equal(got, ref[0, : lengths[0]])
+    end_of_first = max(i for i, c in enumerate(arrival) if c.item == 0)
+    before = sum(x.numel() for i, x in sent_at if i < end_of_first)
+    assert before <= 3000  # nothing of a later segment went out before segment 1 ended
