@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from real_length_script import script  # noqa: E402
 
-SAMPLES_PER_FRAME = 1920
+from engine.config import SAMPLES_PER_FRAME  # noqa: E402
 
 
 def run(takes: int, frames: list, src: torch.Tensor) -> list:

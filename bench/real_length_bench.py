@@ -116,7 +116,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     def node_stream(req, seed, params):
         """What the StreamChunks node runs for a one-segment line at its default chunk_size 8 (nodes/runner.py
         Job.stream, without ComfyUI's progress bar and the browser messages): stream_batch of one item, first
-        chunk 2 frames, the chunks in play order (play_order: a tree from this bench's commit on), the AUDIO
+        chunk 2 frames, the chunks in play order (play_order: a tree from 02f0bfd on), the AUDIO
         made at the end. Returns (first audio s, frames)."""
         from nodes.audio_utils import make_audio, play_order
 
