@@ -303,10 +303,6 @@ class Engine:
         checks.whole_number("takes", takes, 1, self.max_takes,
                             "Load the model with a larger max_takes to generate more at once.")
         checks.whole_number("seed", seed, 0, SEED_MAX)
-        if self.codec_graphs is not None:  # a new takes bucket: its codec pieces, once, before decoding
-            from .gpu.codec_graph import bucket_of
-
-            self.codec_graphs.precapture([bucket_of(takes)])
         check_take_range(take_offset, takes)
         if not checks.same_kind(req, Request):
             raise InvalidInputError(f"the request must be an engine Request (got {type(req).__name__}).")
@@ -599,10 +595,8 @@ class Engine:
         or None: no codec graphs, or a live stream holds the state of this takes bucket."""
         if self.codec_graphs is None:
             return None
-        from .gpu.codec_graph import bucket_of
         from .gpu.codec_overlap import OverlappedDecode
 
-        self.codec_graphs.precapture([bucket_of(takes)])  # a new row count (generate_batch): once
         overlap = OverlappedDecode(self.codec_graphs, takes, ref_codes)
         return overlap if overlap.active else None
 
@@ -628,9 +622,6 @@ class Engine:
         codes = codes.masked_fill(~keep[..., None], 0)
         wav = None
         if self.codec_graphs is not None and frames > 0:  # piece graphs: any length, ICL prefix cached
-            from .gpu.codec_graph import bucket_of
-
-            self.codec_graphs.precapture([bucket_of(takes)])  # a new row count (generate_batch groups): once
             self.codec.decoder.check_codes(codes.transpose(1, 2))
             wav = self.codec_graphs.decode_utterance(codes, ref_codes)
         if wav is None:

@@ -123,6 +123,9 @@ class CodecGraphs:
             self.private_streams += 1
             log.info("codec graphs: the %d-row decode state is in use by another stream; decoding eagerly", bucket)
             return None
+        # Every user of a bucket's state comes here before its request's first frame (or after its loop), so a
+        # new row count's pieces are captured here, once, and never while frames run.
+        self.precapture([bucket])
         state = self.state(bucket)
         self._owners[bucket] = weakref.ref(owner)  # freed with the owner (e.g. an exhausted Engine.stream)
         return state
