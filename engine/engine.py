@@ -1,6 +1,7 @@
 """The Engine: a loaded checkpoint plus everything needed to turn requests into audio."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -185,7 +186,26 @@ class Engine:
             raise UnsupportedConfigError(f"{exc}. Set Triton kernels to auto or off.") from exc
         notes = [kernel_note]
         t0 = time.perf_counter()
-        parts = load_components(Path(model_dir), dev, dt, None if codec_dir is None else Path(codec_dir))
+        graphs = dev.type == "cuda" and cuda_graphs != "off"
+        early = {"reserved": torch.cuda.memory_reserved(dev) if graphs else 0}
+
+        def codec_loaded(decoder) -> None:  # while the talker's weights are read
+            if dev.type == "cuda" and ks:  # the codec's SnakeBeta activations (CUDA inputs only), before capture
+                decoder.use_kernels(ks)
+            if graphs:
+                from .gpu.codec_graph import CodecGraphs
+
+                early["codec"] = CodecGraphs(decoder)
+                early["codec"].precapture_beside([1])  # every one-take decode (any length, any chunk) replays these
+
+        try:
+            parts = load_components(Path(model_dir), dev, dt, None if codec_dir is None else Path(codec_dir),
+                                    codec_loaded=codec_loaded)
+        except BaseException:
+            if "codec" in early:  # its thread must not outlive the load that started it
+                with contextlib.suppress(Exception):
+                    early["codec"].release()
+            raise
         cfg: ModelConfig = parts["config"]
         source = parts["codec_source"]
         if source.origin != "own":
@@ -196,10 +216,11 @@ class Engine:
         engine = cls(cfg=cfg, defaults=parts["defaults"], tokenizer=parts["tokenizer"],
                      talker=parts["talker"], speaker_encoder=parts["speaker_encoder"], codec=parts["codec"],
                      device=dev, dtype=dt, info=info, max_takes=max_takes, max_seq_len=max_seq_len)
-        if dev.type == "cuda" and ks:  # the codec's SnakeBeta activations (CUDA inputs only), before capture
-            engine.codec.decoder.use_kernels(ks)
-        if dev.type == "cuda" and cuda_graphs != "off":
-            engine._enable_graphs(forced=cuda_graphs == "on", kernels=ks)
+        if graphs:  # the graphs' memory: what the load reserved beyond the weights
+            weights = sum(t.numel() * t.element_size() for m in (engine.talker, engine.speaker_encoder, engine.codec)
+                          if m is not None for t in [*m.parameters(), *m.buffers()])
+            engine._enable_graphs(forced=cuda_graphs == "on", kernels=ks, codec=early["codec"],
+                                  reserved_before=early["reserved"] + weights)
         else:
             notes.append(f"CUDA graphs: off ({'CPU' if dev.type == 'cpu' else 'cuda_graphs=off'})")
             if ks:  # the kernels live in the fused single-token path: run it uncaptured
@@ -210,15 +231,18 @@ class Engine:
         log.info("loaded %s in %.1f s: %s", model_dir, time.perf_counter() - t0, info.summary())
         return engine
 
-    def _enable_graphs(self, forced: bool, kernels=None) -> None:
+    def _enable_graphs(self, forced: bool, kernels=None, codec=None, reserved_before: int | None = None) -> None:
         """Switch to whole-frame CUDA graphs and codec piece graphs, capturing what requests will replay
-        (proving capture works) at load."""
+        (proving capture works) at load. `codec`: the CodecGraphs whose one-take pieces Engine.load started
+        capturing beside the talker's loading; `reserved_before`: the device memory (bytes) reserved without
+        any graph, for the note on the graphs' memory."""
         from .gpu.codec_graph import CodecGraphs
         from .gpu.frame_graph import GraphedFrames
 
-        reserved_before = torch.cuda.memory_reserved(self.device) / 1e9
+        if reserved_before is None:
+            reserved_before = torch.cuda.memory_reserved(self.device)
         graphed = GraphedFrames(self.talker, self.max_seq_len, kernels=kernels)
-        codec = CodecGraphs(self.codec.decoder)
+        codec = codec if codec is not None else CodecGraphs(self.codec.decoder)
         eager = self.runner
         self.runner, self.codec_graphs = graphed, codec
         try:
@@ -238,7 +262,10 @@ class Engine:
         pre = graphed.prefill_graphs
         prefill_note = (f"prefill graphs for prompts up to {max(pre.buckets)} tokens in {pre.capture_seconds:.2f} s"
                         if pre is not None else "no prefill graphs")
-        taken = torch.cuda.memory_reserved(self.device) / 1e9 - reserved_before
+        # Captures no longer empty the memory cache before each graph (engine/gpu/capture.py): the warm-ups'
+        # transient blocks go back to the device once, here. What stays is the graphs' pools and static buffers.
+        torch.cuda.empty_cache()
+        taken = (torch.cuda.memory_reserved(self.device) - reserved_before) / 1e9
         self.info.notes.append(f"CUDA graphs: on ({len(graphed.graphs)} frame graphs in {graphed.capture_seconds:.2f} s; "
                                f"{prefill_note}; graphs and their static buffers take {taken:.2f} GB)")
         if codec.failure is not None:  # CodecGraphs logged the warning; the frame graphs stay on
@@ -249,7 +276,7 @@ class Engine:
             self.info.notes.append(f"codec CUDA graphs: capture failed ({codec.failure}); the codec decodes eagerly")
             return
         self.info.notes.append(f"codec CUDA graphs: on ({codec.captures} piece graphs of 1-32 frames for one take "
-                               f"captured in {codec.capture_seconds:.2f} s; other take counts capture theirs before "
+                               f"captured in {codec.capture_seconds:.2f} s beside the talker's loading; other take counts capture theirs before "
                                "their first request decodes)")
 
     def _warmup(self) -> None:

@@ -31,7 +31,10 @@ def materialize(build, device: torch.device, dtype: torch.dtype, weights: Path, 
     return module.eval().requires_grad_(False)
 
 
-def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype, codec_dir: Path | None = None) -> dict:
+def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype, codec_dir: Path | None = None,
+                    codec_loaded=None) -> dict:
+    """The checkpoint's modules with their weights. The codec decoder is read first and handed to
+    `codec_loaded(decoder)` at once, so its set-up can run while the talker's weights are read."""
     from ..codec.config import CodecConfig
     from ..codec.decoder import CodecDecoder
     from ..codec.model import SpeechTokenizer
@@ -45,6 +48,11 @@ def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype, c
                            cfg.talker.predictor.vocab_size)
     defaults = read_generation_config(model_dir)
     tokenizer = TextTokenizer.from_dir(model_dir)
+    codec_cfg = CodecConfig.from_file(source.path / "config.json")
+    codec_weights = source.path / "model.safetensors"
+    decoder = materialize(lambda: CodecDecoder(codec_cfg.decoder), device, dtype, codec_weights, "decoder.")
+    if codec_loaded is not None:
+        codec_loaded(decoder)
     weights = model_dir / "model.safetensors"
     talker = materialize(lambda: Talker(cfg.talker), device, dtype, weights, "talker.")
 
@@ -55,9 +63,6 @@ def load_components(model_dir: Path, device: torch.device, dtype: torch.dtype, c
         speaker_encoder = materialize(lambda: SpeakerEncoder(cfg.speaker_encoder), device, dtype, weights,
                                       "speaker_encoder.")
 
-    codec_cfg = CodecConfig.from_file(source.path / "config.json")
-    codec_weights = source.path / "model.safetensors"
-    decoder = materialize(lambda: CodecDecoder(codec_cfg.decoder), device, dtype, codec_weights, "decoder.")
     codec = SpeechTokenizer(codec_cfg, decoder=decoder)
     if cfg.tts_model_type == "base":  # reference codes are only needed for ICL cloning
         from ..codec.encoder import MimiEncoder

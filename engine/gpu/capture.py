@@ -16,10 +16,20 @@ def capture(body, pool=None, warmups: int = 1):
     with torch.cuda.stream(side):
         for _ in range(warmups):
             body()
+        # Captured here, behind the warm-up, with capture_begin / capture_end rather than torch.cuda.graph,
+        # whose entry synchronizes the device and empties the device and pinned-host memory caches before
+        # every capture: 13 times a load, and again for a new take count's graphs before its first request,
+        # after which the allocations go back to the driver.
+        # thread_local: only this thread's own unsafe calls are refused while it captures. The codec's graphs
+        # are captured on a thread while the talker's weights load (CodecGraphs.precapture_beside), and a host
+        # such as ComfyUI runs CUDA work on threads of its own.
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool, capture_error_mode="thread_local")
+        try:
+            out = body()
+        finally:
+            graph.capture_end()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = body()
     # A graph's first launch also uploads it to the device: replayed once here, so that cost is paid at
     # capture, not by the first request that replays it (a 0.6B request's overhead rose from ~7 to 20 ms
     # the first time its prompt took a new prefill bucket: bench/results/real_length_h100_0.6b_19c7656.json,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -81,6 +82,7 @@ class CodecGraphs:
         self.prefix_hits = 0
         self.private_streams = 0  # streams that found their bucket's state busy and decoded eagerly
         self.failure: str | None = None  # first capture error; no capture is tried after one
+        self._beside: _Beside | None = None  # precapture_beside's thread, until someone needs the graphs
 
     @property
     def captures(self) -> int:
@@ -94,6 +96,7 @@ class CodecGraphs:
                 "private_streams": self.private_streams, "failure": self.failure}
 
     def release(self) -> None:
+        self.settle()
         self.graphs.clear()
         self.states.clear()
         self.prefixes.clear()
@@ -116,6 +119,7 @@ class CodecGraphs:
 
     def acquire(self, batch: int, owner) -> DecodeState | None:
         """The shared state of batch's bucket for `owner`, or None while another live owner holds it."""
+        self.settle()
         bucket = bucket_of(batch)
         ref = self._owners.get(bucket)
         holder = ref() if ref is not None else None
@@ -144,9 +148,23 @@ class CodecGraphs:
 
     # -- capture -------------------------------------------------------------------------------
 
+    def precapture_beside(self, buckets) -> None:
+        """Start precapture(buckets) on a thread and return: at load it runs while the talker's weights are read
+        (the codec's first eager frame, its library start-up and per-shape plans, and its captures took 0.9-1.5
+        s of a 2.9-3.2 s load, bench/results/codec_conv_h100.md). Every other method waits for it (settle)."""
+        self._beside = _Beside(self, buckets)
+
+    def settle(self) -> None:
+        """Wait for precapture_beside's thread, if one runs; its error, if any, is raised here."""
+        beside, self._beside = self._beside, None
+        if beside is not None:
+            beside.join()
+
     @torch.inference_mode()
     def precapture(self, buckets) -> None:
         """Capture every piece for each bucket (at load: a request never pays a capture)."""
+        if self._beside is not None and not self._beside.is_running_here():
+            self.settle()
         for bucket in buckets:
             for size in PIECES:
                 self.capture(bucket, size)
@@ -280,3 +298,33 @@ class CodecGraphs:
 
 class _Owner:
     """A holder for acquire() during one synchronous whole-utterance decode."""
+
+
+class _Beside:
+    """CodecGraphs.precapture on a thread of its own, on a stream of its own (the thread's work is ordered after
+    the work already queued on the caller's stream, where the codec's weights were copied)."""
+
+    def __init__(self, graphs: CodecGraphs, buckets):
+        self.device = graphs._device()
+        self.stream = torch.cuda.Stream(self.device)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(graphs, list(buckets)), name="codec-precapture",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, graphs: CodecGraphs, buckets) -> None:
+        try:
+            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+                graphs.precapture(buckets)
+        except BaseException as exc:  # noqa: BLE001  handed to the thread that joins
+            self.error = exc
+
+    def is_running_here(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    def join(self) -> None:
+        self.thread.join()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        if self.error is not None:
+            raise self.error

@@ -8,13 +8,16 @@ the bound only leaves room for a different library algorithm under capture), whi
 rounds differently in bf16 at every chunk boundary: on the CPU with the tiny checkpoint codec that is up
 to ~0.009 max and ~3e-4 rms on output of rms ~0.2, so the bf16 bounds are 0.05 max and 5e-3 rms.
 """
+import threading
+
 import pytest
 import torch
 
 from engine import Engine, Request, Voice
+from engine.checkpoint import loader
 from engine.codec import StreamingDecoder
 from engine.codec.decoder import SnakeBeta
-from engine.errors import UnsupportedConfigError
+from engine.errors import CheckpointError, UnsupportedConfigError
 from engine.gpu.codec_graph import PIECES, CodecGraphs, bucket_of, final_pieces, pieces
 from engine.gpu.codec_overlap import FLUSH_FRAMES
 from tests.decoding import joined_take
@@ -242,6 +245,61 @@ def test_engine_icl_stream_under_codec_graphs(tiny_checkpoints):
     base.release()
 
 
+def _precapture_threads():
+    return [t for t in threading.enumerate() if t.name == "codec-precapture"]
+
+
+def test_load_captures_codec_beside_talker(tiny_checkpoints, monkeypatch):
+    """The one-take pieces are captured on a thread that starts once the codec's weights are in, before the
+    talker's are read, and the load returns with that thread done and every piece captured."""
+    seen = []
+    real = loader.materialize
+
+    def watch(build, device, dtype, weights, prefix):
+        if prefix == "talker.":
+            seen.append(len(_precapture_threads()))
+        return real(build, device, dtype, weights, prefix)
+
+    monkeypatch.setattr(loader, "materialize", watch)
+    eng = _load(tiny_checkpoints["custom_voice"], "fp32")
+    assert seen == [1]  # the codec's thread was running while the talker loaded
+    g = eng.codec_graphs
+    assert not _precapture_threads() and g._beside is None and g.failure is None
+    assert set(g.graphs) == {(1, k) for k in PIECES} and g.late_captures == 0
+    eng.release()
+
+
+def test_codec_thread_error_reaches_the_load(tiny_checkpoints, monkeypatch):
+    """An error on the codec's thread is raised where the load needs the codec: auto falls back to eager with a
+    note, on raises a typed error."""
+    def broken_state(self, bucket):
+        raise RuntimeError("codec state refused (test)")
+
+    monkeypatch.setattr(CodecGraphs, "state", broken_state)
+    eng = _load(tiny_checkpoints["custom_voice"], "fp32", cuda_graphs="auto")
+    assert not eng.info.cuda_graphs and eng.codec_graphs is None
+    assert any("codec state refused (test)" in n for n in eng.info.notes), eng.info.notes
+    eng.release()
+    with pytest.raises(UnsupportedConfigError, match="codec state refused"):
+        _load(tiny_checkpoints["custom_voice"], "fp32", cuda_graphs="on")
+    assert not _precapture_threads()
+
+
+def test_failed_load_waits_for_the_codec_thread(tiny_checkpoints, monkeypatch):
+    """A load that fails after the codec's thread started does not leave it running."""
+    real = loader.materialize
+
+    def refuse_talker(build, device, dtype, weights, prefix):
+        if prefix == "talker.":
+            raise CheckpointError("talker refused (test)")
+        return real(build, device, dtype, weights, prefix)
+
+    monkeypatch.setattr(loader, "materialize", refuse_talker)
+    with pytest.raises(CheckpointError, match="talker refused"):
+        _load(tiny_checkpoints["custom_voice"], "fp32")
+    assert not _precapture_threads()
+
+
 def test_release_drops_codec_graphs(tiny_checkpoints):
     eng = _load(tiny_checkpoints["custom_voice"], "fp32")
     graphs = eng.codec_graphs
@@ -257,7 +315,7 @@ def test_capture_failure_falls_back_with_one_warning(fp32, monkeypatch, caplog):
 
     graphs = CodecGraphs(fp32.codec.decoder)
     codes = _codes(1, 12, seed=6)
-    monkeypatch.setattr(torch.cuda, "graph", broken_graph)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", broken_graph)
     with caplog.at_level("WARNING", logger="engine.gpu.codec_graph"):
         joined = _stream(fp32.codec, codes, [4, 4, 4], graphs)
     monkeypatch.undo()
