@@ -1,0 +1,102 @@
+"""Engine loads A/B: each load in a fresh process, the engine trees taking turns, each load followed by its
+first request.
+
+    python bench/load_ab.py --roots LABEL=DIR [LABEL=DIR ...] [--rounds 4] [--size 0.6b] --out DIR --name NAME
+
+A round loads once from each tree in turn, so a machine that slows down slows every tree alike. The first round
+may compile Triton kernels (a machine's first start) and is reported apart; the later ones find the cache
+warm, as a user's second start does. Per load: `Engine.load` with the node's defaults (bf16, CUDA graphs on,
+Triton auto), timed to a synchronised device; the process's CUDA start is timed apart (ComfyUI pays it at
+launch); then the first request, a one-take 40-frame line (3.2 s of audio). Nothing is instrumented: for where
+a load's time goes, see load_profile.py. Prints a table; writes DIR/load_ab_NAME.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from engine_probe import script_params
+from gpu_bench import checkpoint
+from timing import gpu_tag, run_fresh
+
+FIRST_FRAMES = 40
+TEXT = "The first line a user asks for after the model is loaded."
+
+
+def worker(root: Path, ckpt: Path) -> dict:
+    import torch
+
+    sys.path.insert(0, str(root))
+    from engine import Engine, Request
+
+    t = time.perf_counter()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    cuda_start_s = time.perf_counter() - t
+    t = time.perf_counter()
+    eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
+    torch.cuda.synchronize()
+    load_s = time.perf_counter() - t
+    memory = {"reserved_gb": torch.cuda.memory_reserved() / 1e9, "allocated_gb": torch.cuda.memory_allocated() / 1e9}
+    req = Request(mode="custom", text=TEXT, language="English", speaker=eng.speakers[0])
+    t = time.perf_counter()
+    res = eng.generate(req, params=script_params(eng, FIRST_FRAMES))
+    first_request_s = time.perf_counter() - t
+    assert res.stats["frames"] == FIRST_FRAMES, res.stats
+    return {"cuda_start_s": cuda_start_s, "load_s": load_s, "first_request_s": first_request_s, **memory,
+            "notes": eng.info.notes}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--root", type=Path)
+    ap.add_argument("--ckpt", type=Path)
+    ap.add_argument("--roots", nargs="+", default=[], help="LABEL=DIR: import `engine` from DIR")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--size", default="0.6b")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--name", default="")
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.root, args.ckpt)))
+        return
+    import torch
+
+    roots = dict(r.split("=", 1) for r in args.roots)
+    ckpt = checkpoint(args.size)
+    runs = {label: [] for label in roots}
+    for i in range(args.rounds):
+        for label, root in roots.items():
+            r = run_fresh(__file__, ["--worker", "--root", root, "--ckpt", str(ckpt)])
+            if "error" in r:
+                raise SystemExit(f"{label}: {r['error']}")
+            r["round"] = i
+            runs[label].append(r)
+            print(f"round {i} {label:10s} load {r['load_s']:.2f} s, first request {r['first_request_s'] * 1e3:.0f} ms, "
+                  f"reserved / allocated {r['reserved_gb']:.2f} / {r['allocated_gb']:.2f} GB", flush=True)
+    print(f"\n{args.size}, {torch.cuda.get_device_name(0)}, rounds 2..{args.rounds} (warm Triton cache)\n")
+    print("| tree | loads | load median s | load min-max s | over 3 s | first request median ms | round 1 load s |")
+    print("|---|---|---|---|---|---|---|")
+    summary = {}
+    for label, rs in runs.items():
+        warm = [r["load_s"] for r in rs[1:]] or [rs[0]["load_s"]]
+        first = [1000 * r["first_request_s"] for r in rs[1:]] or [1000 * rs[0]["first_request_s"]]
+        summary[label] = {"load_median_s": statistics.median(warm), "load_min_s": min(warm), "load_max_s": max(warm),
+                          "over_3s": sum(x > 3 for x in warm), "first_request_median_ms": statistics.median(first)}
+        s = summary[label]
+        print(f"| {label} | {len(warm)} | {s['load_median_s']:.2f} | {s['load_min_s']:.2f}-{s['load_max_s']:.2f} | "
+              f"{s['over_3s']} | {s['first_request_median_ms']:.0f} | {rs[0]['load_s']:.2f} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"load_ab_{args.name or gpu_tag()}.json"
+    out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "size": args.size, "roots": roots,
+                               "summary": summary, "runs": runs}, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
