@@ -276,8 +276,8 @@ class Engine:
             self.info.notes.append(f"codec CUDA graphs: capture failed ({codec.failure}); the codec decodes eagerly")
             return
         self.info.notes.append(f"codec CUDA graphs: on ({codec.captures} piece graphs of 1-32 frames for one take "
-                               f"captured in {codec.capture_seconds:.2f} s beside the talker's loading; other take counts capture theirs before "
-                               "their first request decodes)")
+                               f"captured in {codec.capture_seconds:.2f} s beside the talker's loading; other take "
+                               "counts capture theirs before their first request decodes)")
 
     def _warmup(self) -> None:
         mode = MODE_OF_MODEL[self.cfg.tts_model_type]

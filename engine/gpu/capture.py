@@ -18,11 +18,9 @@ def capture(body, pool=None, warmups: int = 1):
             body()
         # Captured here, behind the warm-up, with capture_begin / capture_end rather than torch.cuda.graph,
         # whose entry synchronizes the device and empties the device and pinned-host memory caches before
-        # every capture: 13 times a load, and again for a new take count's graphs before its first request,
-        # after which the allocations go back to the driver.
-        # thread_local: only this thread's own unsafe calls are refused while it captures. The codec's graphs
-        # are captured on a thread while the talker's weights load (CodecGraphs.precapture_beside), and a host
-        # such as ComfyUI runs CUDA work on threads of its own.
+        # every capture (13 times a load). thread_local: only this thread's own unsafe calls are refused while
+        # it captures; the codec's graphs are captured on a thread while the talker's weights load
+        # (CodecGraphs.precapture_beside), and a host such as ComfyUI has threads of its own.
         graph = torch.cuda.CUDAGraph()
         graph.capture_begin(pool, capture_error_mode="thread_local")
         try:

@@ -151,7 +151,7 @@ class CodecGraphs:
     def precapture_beside(self, buckets) -> None:
         """Start precapture(buckets) on a thread and return: at load it runs while the talker's weights are read
         (the codec's first eager frame, its library start-up and per-shape plans, and its captures took 0.9-1.5
-        s of a 2.9-3.2 s load, bench/results/codec_conv_h100.md). Every other method waits for it (settle)."""
+        s of a 2.9-3.2 s load, bench/results/codec_conv_h100.md). acquire, precapture and release wait for it."""
         self._beside = _Beside(self, buckets)
 
     def settle(self) -> None:
