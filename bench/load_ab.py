@@ -27,6 +27,25 @@ FIRST_FRAMES = 40
 TEXT = "The first line a user asks for after the model is loaded."
 
 
+def segments_by_pool_and_stream(snapshot: list) -> list:
+    """Where the reserved memory sits after a load: the caching allocator's segments grouped by pool (a graph's
+    private pool, or the general one) and by the stream that made them, with the bytes they hold and the bytes
+    allocated in them. Free bytes in a segment that still holds an allocated block cannot be given back."""
+    groups = {}
+    for seg in snapshot:
+        pool = "general" if tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0) else "graph pool"
+        key = (pool, seg.get("stream", 0))
+        g = groups.setdefault(key, {"pool": pool, "stream": key[1], "segments": 0, "reserved_mb": 0.0,
+                                    "allocated_mb": 0.0, "stranded_mb": 0.0})
+        total, used = seg["total_size"] / 2**20, seg["allocated_size"] / 2**20
+        g["segments"] += 1
+        g["reserved_mb"] += total
+        g["allocated_mb"] += used
+        if used > 0:
+            g["stranded_mb"] += total - used
+    return sorted(groups.values(), key=lambda g: -g["reserved_mb"])
+
+
 def worker(root: Path, ckpt: Path) -> dict:
     import torch
 
@@ -41,7 +60,8 @@ def worker(root: Path, ckpt: Path) -> dict:
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t
-    memory = {"reserved_gb": torch.cuda.memory_reserved() / 1e9, "allocated_gb": torch.cuda.memory_allocated() / 1e9}
+    memory = {"reserved_gb": torch.cuda.memory_reserved() / 1e9, "allocated_gb": torch.cuda.memory_allocated() / 1e9,
+              "segments": segments_by_pool_and_stream(torch.cuda.memory_snapshot())}
     req = Request(mode="custom", text=TEXT, language="English", speaker=eng.speakers[0])
     t = time.perf_counter()
     res = eng.generate(req, params=script_params(eng, FIRST_FRAMES))
@@ -95,6 +115,10 @@ def main() -> None:
     out = args.out / f"load_ab_{args.name or gpu_tag()}.json"
     out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "size": args.size, "roots": roots,
                                "summary": summary, "runs": runs}, indent=2))
+    print("\nreserved after the last load, by pool and stream (MB): reserved / allocated / free in used segments")
+    for label, rs in runs.items():
+        print(label, "; ".join(f"{g['pool']} s{g['stream']}: {g['reserved_mb']:.0f} / {g['allocated_mb']:.0f} / "
+                               f"{g['stranded_mb']:.0f} ({g['segments']} seg)" for g in rs[-1]["segments"][:6]))
     print(f"\nwrote {out}")
 
 
