@@ -397,3 +397,30 @@ def test_real_size_checkpoint(tmp_path):
         assert head.abs().sum() == 0
     assert abs(n - 905.8e6) < 0.1e6, n
     print(f"0.6B custom_voice written in {took:.1f} s, {n / 1e6:.1f} M parameters")
+
+
+def test_codec_decoder_is_handed_over_before_the_talker_is_read(tiny_checkpoints, monkeypatch):
+    """load_components reads the codec decoder first and hands it, weights in, to codec_loaded before the talker's
+    weights are read (Engine.load captures the codec's graphs on a thread meanwhile)."""
+    from engine.checkpoint import loader
+
+    order = []
+    real = loader.materialize
+
+    def recording(build, device, dtype, weights, prefix):
+        module = real(build, device, dtype, weights, prefix)
+        order.append(prefix)
+        return module
+
+    def codec_loaded(decoder):
+        assert not any(p.is_meta for p in decoder.parameters())
+        order.append("codec_loaded")
+        handed.append(decoder)
+
+    handed = []
+    monkeypatch.setattr(loader, "materialize", recording)
+    parts = loader.load_components(tiny_checkpoints["base"], torch.device("cpu"), torch.float32,
+                                   codec_loaded=codec_loaded)
+    assert order[:3] == ["decoder.", "codec_loaded", "talker."], order
+    assert handed == [parts["codec"].decoder]
+    assert {"speaker_encoder.", "encoder."} <= set(order[3:])
