@@ -231,18 +231,14 @@ class Engine:
         log.info("loaded %s in %.1f s: %s", model_dir, time.perf_counter() - t0, info.summary())
         return engine
 
-    def _enable_graphs(self, forced: bool, kernels=None, codec=None, reserved_before: int | None = None) -> None:
+    def _enable_graphs(self, forced: bool, kernels, codec, reserved_before: int) -> None:
         """Switch to whole-frame CUDA graphs and codec piece graphs, capturing what requests will replay
         (proving capture works) at load. `codec`: the CodecGraphs whose one-take pieces Engine.load started
         capturing beside the talker's loading; `reserved_before`: the device memory (bytes) reserved without
         any graph, for the note on the graphs' memory."""
-        from .gpu.codec_graph import CodecGraphs
         from .gpu.frame_graph import GraphedFrames
 
-        if reserved_before is None:
-            reserved_before = torch.cuda.memory_reserved(self.device)
         graphed = GraphedFrames(self.talker, self.max_seq_len, kernels=kernels)
-        codec = codec if codec is not None else CodecGraphs(self.codec.decoder)
         eager = self.runner
         self.runner, self.codec_graphs = graphed, codec
         try:

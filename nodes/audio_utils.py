@@ -203,6 +203,8 @@ class StreamJoiner:
         if last:
             return tail
         return torch.cat([self.fades.fade_out(tail), torch.zeros(self.fades.gap)])
+
+
 def play_order(chunks, n_segments: int, sample_rate: int = SAMPLE_RATE):
     """One take of `n_segments` segments streamed as rows of one batch (Engine.stream_batch's RowChunks, item =
     segment, in any arrival order) -> (chunk, pieces) per chunk: the audio ready to play after it, in play order
@@ -226,5 +228,3 @@ def play_order(chunks, n_segments: int, sample_rate: int = SAMPLE_RATE):
                 out.extend(joiner.push(x) for x in held[turn])
                 held[turn] = []
         yield chunk, [x for x in out if x.numel()]
-
-

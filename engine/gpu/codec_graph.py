@@ -155,16 +155,17 @@ class CodecGraphs:
         self._beside = _Beside(self, buckets)
 
     def settle(self) -> None:
-        """Wait for precapture_beside's thread, if one runs; its error, if any, is raised here."""
-        beside, self._beside = self._beside, None
-        if beside is not None:
-            beside.join()
+        """Wait for precapture_beside's thread, if one runs (and this is not it); its error, if any, is raised here."""
+        beside = self._beside
+        if beside is None or beside.is_running_here():
+            return
+        self._beside = None
+        beside.join()
 
     @torch.inference_mode()
     def precapture(self, buckets) -> None:
         """Capture every piece for each bucket (at load: a request never pays a capture)."""
-        if self._beside is not None and not self._beside.is_running_here():
-            self.settle()
+        self.settle()
         for bucket in buckets:
             for size in PIECES:
                 self.capture(bucket, size)
