@@ -225,7 +225,7 @@ def decode_rows(
     first_chunk_frames: int = 0,
     lead_rows: int = 0,
     prelaunch: bool = False,
-    ahead: bool = False,
+    ahead: int = 0,
 ) -> Iterator[FrameChunk]:
     """The one decode loop. Rows (admitted in `order`, default their order) run in `slots` batch slots;
     yields chunks of `chunk_frames` frames (0 = one chunk per admission wave: until every held row is
@@ -234,11 +234,12 @@ def decode_rows(
     the rest at its end: with a short first chunk, the first row's first audio waits for one prefill, not
     for every slot's. `prelaunch` launches each next chunk's first frame before the chunk is yielded, for
     consumers whose work on a chunk need not come first on the stream (generate()'s side-stream codec; a
-    stream's codec would wait a frame for its audio). `ahead` (with prelaunch) goes one step further: the
-    next chunk's first frame is launched before the host reads the chunk's finished flags, so the GPU has
-    a frame queued while the host waits, wakes up and does the chunk's bookkeeping (FinishedFlags). It is
-    done only while no row waits for a slot and some row has budget left; when every row turns out to have
-    ended by EOS inside the chunk, that frame is dropped (one frame of wasted GPU work, at most once a run).
+    stream's codec would wait a frame for its audio). `ahead` (with prelaunch) goes further: the next
+    chunk's first `ahead` frames (at most a chunk) are launched before the host reads the chunk's finished
+    flags, so the GPU has frames queued while the host waits, wakes up, does the chunk's bookkeeping
+    (FinishedFlags) and the consumer's work. It is done only while no row waits for a slot and some row has
+    budget left; when every row turns out to have ended by EOS inside the chunk, those frames are dropped
+    (at most `ahead` frames of wasted GPU work, once a run).
     `on_frames(done, total)` counts frames over all rows (total is an estimate until the rows end);
     `timings`, if given, receives the first prefill's seconds and the slot occupancy."""
     params.validate()
@@ -287,10 +288,11 @@ def decode_rows(
         held, at_end = tuple(host.row), list(host.frames)
         # The chunk's tensors are made before anything else is queued: a side stream reads them after `ready`.
         codes, valid = torch.stack([f for f, _ in launched], 1), torch.stack([v for _, v in launched], 1)
-        early = ready = None  # the next chunk's first frame, launched before this chunk's flags are read
+        early, ready = [], None  # the next chunk's first frames, launched before this chunk's flags are read
         if flags is not None and not queue and host.frames_left() > 0:
             ready = flags.snapshot()
-            early = step()
+            while len(early) < min(ahead, chunk_size(start + n, queued=len(early))):
+                early.append(step())
             finished = flags.read()
         else:
             finished = runner.finished.tolist()  # the one host sync per chunk
@@ -316,13 +318,13 @@ def decode_rows(
             timings["batch"] = {"slots": slots, "rows": len(rows), "steps": steps,
                                 "occupancy": busy / max(1, steps * slots)}
         launched = []
-        if early is not None:
-            # The rows that ended in this chunk step on in the early frame as finished rows (no valid
-            # frame, their slots -1 from now on); if none is left, the frame is dropped.
+        if early:
+            # The rows that ended in this chunk step on in the early frames as finished rows (no valid
+            # frame, their slots -1 from now on); if none is left, the frames are dropped.
             chunk.ready = ready
             if not done:
-                n = chunk_size(start, queued=1)
-                launched.append(early)
+                n = chunk_size(start, queued=len(early))
+                launched = early
         elif prelaunch and not done and not (queue and any(r < 0 for r in host.row)):
             # The next chunk's first frame goes to the GPU before this chunk is handed on, so the GPU
             # works through the consumer's host time instead of waiting for it. Nothing is guessed: the
@@ -372,7 +374,7 @@ def decode_frames(runner, prompt: Prompt, *, takes: int, seed: int, params: Samp
                   should_stop: Callable[[], bool] | None = None,
                   on_frames: Callable[[int, int], None] | None = None,
                   timings: dict | None = None, first_chunk_frames: int = 0,
-                  prelaunch: bool = False, ahead: bool = False) -> Iterator[FrameChunk]:
+                  prelaunch: bool = False, ahead: int = 0) -> Iterator[FrameChunk]:
     """`takes` takes of one prompt (take i draws from stream (seed, take_offset + i)): decode_rows with
     one row per take, all admitted at once."""
     keys = sampling.take_keys(seed, range(take_offset, take_offset + takes), "cpu").tolist()

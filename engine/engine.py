@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 # only allocated when asked for.
 PRECAPTURE_WINDOW = 768
 
+# Frames a streamed request keeps queued on the GPU across each chunk's host work: the host waits there for
+# the chunk's codec (1.8-2.2 ms at 8-16 frames) and hands the audio on, longer than one frame (2.9 ms at 0.6B
+# on an H100) leaves room for; with one frame the frames' stream sat idle ~1 ms a chunk
+# (bench/stream_timeline.py). A request ended by EOS drops up to this many frames once.
+STREAM_AHEAD = 2
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SWITCHES = ("auto", "on", "off")
 
@@ -348,13 +354,13 @@ class Engine:
         return prompt, params, max_frames
 
     def _frames(self, prompt: Prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
-                on_progress, timings=None, first_chunk_frames=0, prelaunch=False):
-        # On CUDA a prelaunching loop also keeps a frame queued across each chunk's host sync (ahead).
+                on_progress, timings=None, first_chunk_frames=0, prelaunch=False, ahead=1):
+        # On CUDA a prelaunching loop also keeps `ahead` frames queued across each chunk's host sync.
         return decode_frames(self.runner, prompt, takes=takes, seed=seed, params=params, max_frames=max_frames,
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, take_offset=take_offset,
                              should_stop=should_stop, on_frames=on_progress, timings=timings,
                              first_chunk_frames=first_chunk_frames, prelaunch=prelaunch,
-                             ahead=prelaunch and self.device.type == "cuda")
+                             ahead=ahead if prelaunch and self.device.type == "cuda" else 0)
 
     @serialised()
     @torch.inference_mode()
@@ -445,7 +451,7 @@ class Engine:
         chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, order=order,
                              should_stop=should_stop, on_frames=on_progress, timings=timings, prelaunch=True,
-                             ahead=self.device.type == "cuda")
+                             ahead=1 if self.device.type == "cuda" else 0)
         codes, valid = [[] for _ in rows], [[] for _ in rows]
         slot_of = {}
         hosts = [HostAudio(len(mine), rows[mine[0]].max_frames) for mine in item_rows] if overlap is not None else []
@@ -538,7 +544,8 @@ class Engine:
         # launched ahead, runs on the main one: the frames no longer wait for the codec and the host copy.
         side = torch.cuda.Stream(self.device) if self.codec_graphs is not None else None
         chunks = self._frames(prompt, takes, seed, params, max_frames, chunk_frames, take_offset, should_stop,
-                              on_progress, first_chunk_frames=first_chunk_frames, prelaunch=side is not None)
+                              on_progress, first_chunk_frames=first_chunk_frames, prelaunch=side is not None,
+                              ahead=STREAM_AHEAD)
         for i, chunk in enumerate(chunks):
             with chunk.on(side):
                 codes = chunk.codes.masked_fill(~chunk.valid[..., None], 0)
@@ -584,7 +591,7 @@ class Engine:
         chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames,
                              should_stop=should_stop, on_frames=on_progress, first_chunk_frames=first_chunk_frames,
-                             lead_rows=lead, prelaunch=side is not None, ahead=side is not None)
+                             lead_rows=lead, prelaunch=side is not None, ahead=STREAM_AHEAD if side is not None else 0)
         count = [0] * len(rows)
         try:
             for chunk in chunks:
