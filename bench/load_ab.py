@@ -7,8 +7,10 @@ A round loads once from each tree in turn, so a machine that slows down slows ev
 may compile Triton kernels (a machine's first start) and is reported apart; the later ones find the cache
 warm, as a user's second start does. Per load: `Engine.load` with the node's defaults (bf16, CUDA graphs on,
 Triton auto), timed to a synchronised device; the process's CUDA start is timed apart (ComfyUI pays it at
-launch); then the first request, a one-take 40-frame line (3.2 s of audio). Nothing is instrumented: for where
-a load's time goes, see load_profile.py. Prints a table; writes DIR/load_ab_NAME.json.
+launch); then the first request, a one-take 40-frame line (3.2 s of audio). Three host timestamps split a load
+without any sync of their own: when the weights are in (graphs start), how long the codec's capture thread ran,
+and how long the load then waited for it. For where a load's time goes in detail, see load_profile.py. Prints a
+table; writes DIR/load_ab_NAME.json.
 """
 from __future__ import annotations
 
@@ -56,7 +58,9 @@ def worker(root: Path, ckpt: Path) -> dict:
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     cuda_start_s = time.perf_counter() - t
+    split = _split_load_times()
     t = time.perf_counter()
+    split["start"] = t
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t
@@ -67,8 +71,47 @@ def worker(root: Path, ckpt: Path) -> dict:
     res = eng.generate(req, params=script_params(eng, FIRST_FRAMES))
     first_request_s = time.perf_counter() - t
     assert res.stats["frames"] == FIRST_FRAMES, res.stats
+    split.pop("start")
     return {"cuda_start_s": cuda_start_s, "load_s": load_s, "first_request_s": first_request_s, **memory,
-            "notes": eng.info.notes}
+            **split, "notes": eng.info.notes}
+
+
+def _split_load_times() -> dict:
+    """Wrap the load's steps to record (host clock, no sync): weights_s, from the load's start to the graphs'
+    start; codec_thread_s, the codec capture thread's run; thread_wait_s, the load's wait for that thread.
+    Trees without the thread leave the last two out."""
+    from engine.engine import Engine
+
+    split = {}
+    enable = Engine._enable_graphs
+
+    def timed_enable(self, *a, **k):
+        split["weights_s"] = time.perf_counter() - split["start"]
+        return enable(self, *a, **k)
+
+    Engine._enable_graphs = timed_enable
+    try:
+        from engine.gpu.codec_graph import _Beside
+    except ImportError:
+        return split
+    run, join = _Beside._run, _Beside.join
+
+    def timed_run(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return run(self, *a, **k)
+        finally:
+            split["codec_thread_s"] = time.perf_counter() - t
+
+    def timed_join(self):
+        t = time.perf_counter()
+        try:
+            return join(self)
+        finally:
+            split["thread_wait_s"] = split.get("thread_wait_s", 0.0) + time.perf_counter() - t
+
+    _Beside._run, _Beside.join = timed_run, timed_join
+    return split
 
 
 def main() -> None:
@@ -97,8 +140,10 @@ def main() -> None:
                 raise SystemExit(f"{label}: {r['error']}")
             r["round"] = i
             runs[label].append(r)
-            print(f"round {i} {label:10s} load {r['load_s']:.2f} s, first request {r['first_request_s'] * 1e3:.0f} ms, "
-                  f"reserved / allocated {r['reserved_gb']:.2f} / {r['allocated_gb']:.2f} GB", flush=True)
+            print(f"round {i} {label:10s} load {r['load_s']:.2f} s (weights {r.get('weights_s', 0):.2f}, codec thread "
+                  f"{r.get('codec_thread_s', 0):.2f}, waited {r.get('thread_wait_s', 0):.2f}), first request "
+                  f"{r['first_request_s'] * 1e3:.0f} ms, reserved / allocated {r['reserved_gb']:.2f} / "
+                  f"{r['allocated_gb']:.2f} GB", flush=True)
     print(f"\n{args.size}, {torch.cuda.get_device_name(0)}, rounds 2..{args.rounds} (warm Triton cache)\n")
     print("| tree | loads | load median s | load min-max s | over 3 s | first request median ms | round 1 load s |")
     print("|---|---|---|---|---|---|---|")

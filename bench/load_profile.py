@@ -36,21 +36,24 @@ def worker(ckpt: Path, profile: bool) -> dict:
     steps = []
     real_capture = capture_mod.capture
 
+    def sync():  # this thread's stream only: a device-wide sync would break the codec thread's capture beside it
+        torch.cuda.current_stream().synchronize()
+
     def timed_capture(body, pool=None, warmups: int = 1):  # split each capture into warm-up and capture
         def timed_body():
             if torch.cuda.is_current_stream_capturing():  # no sync inside a capture
                 return body()
-            torch.cuda.synchronize()
+            sync()
             t = time.perf_counter()
             out = body()
-            torch.cuda.synchronize()
+            sync()
             timed_body.seconds.append(time.perf_counter() - t)
             return out
 
         timed_body.seconds = []
         t = time.perf_counter()
         out = real_capture(timed_body, pool, warmups)
-        torch.cuda.synchronize()
+        sync()
         total = time.perf_counter() - t
         steps.append({"what": timed_capture.label, "total_s": total, "warmup_s": sum(timed_body.seconds)})
         return out
@@ -82,12 +85,12 @@ def worker(ckpt: Path, profile: bool) -> dict:
         real = getattr(owner, name)
 
         def wrapper(*a, **k):
-            torch.cuda.synchronize()
+            sync()
             t = time.perf_counter()
             try:
                 return real(*a, **k)
             finally:
-                torch.cuda.synchronize()
+                sync()
                 phases.append({"what": label, "s": time.perf_counter() - t})
 
         setattr(owner, name, wrapper)
@@ -106,7 +109,7 @@ def worker(ckpt: Path, profile: bool) -> dict:
     if prof:
         prof.enable()
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
-    torch.cuda.synchronize()
+    sync()
     if prof:
         prof.disable()
     load_s = time.perf_counter() - t

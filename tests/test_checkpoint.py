@@ -424,3 +424,47 @@ def test_codec_decoder_is_handed_over_before_the_talker_is_read(tiny_checkpoints
     assert order[:3] == ["decoder.", "codec_loaded", "talker."], order
     assert handed == [parts["codec"].decoder]
     assert {"speaker_encoder.", "encoder."} <= set(order[3:])
+
+
+def test_projections_are_loaded_as_one_tensor_each_and_fused_without_a_copy(tiny_checkpoints):
+    """Every decoder layer's q/k/v and gate/up weights land as consecutive rows of one tensor
+    (DecoderLayer.MERGED_ROWS), with the file's values; the fused decode steps take that tensor as it is, so a
+    load frees no originals (their holes stranded ~0.4 GB in the allocator, bench/load_memory.py)."""
+    from engine.checkpoint import loader
+    from engine.gpu.fused_layers import fused
+    from engine.model.layers import DecoderLayer
+
+    path = tiny_checkpoints["custom_voice"]
+    parts = loader.load_components(path, torch.device("cpu"), torch.float32)
+    ref = load_file(str(path / "model.safetensors"))
+    names = {id(m): n for n, m in parts["talker"].named_modules()}
+    layers = [m for m in parts["talker"].modules() if isinstance(m, DecoderLayer)]
+    predictor = [layer for layer in layers if "code_predictor" in names[id(layer)]]
+    assert predictor and len(predictor) < len(layers)  # the talker's layers and the code predictor's
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for group, merged in (((attn.q_proj, attn.k_proj, attn.v_proj), "qkv"), ((mlp.gate_proj, mlp.up_proj),
+                                                                                 "gate_up")):
+            weights = [lin.weight for lin in group]
+            base = weights[0].untyped_storage().data_ptr()
+            assert all(w.untyped_storage().data_ptr() == base for w in weights)
+            whole = getattr(fused(layer), merged)
+            assert whole.data_ptr() == weights[0].data_ptr()  # no copy
+            assert torch.equal(whole, torch.cat(weights))
+            for lin in group:
+                key = "talker." + names[id(layer)] + "." + next(n for n, m in layer.named_modules() if m is lin)
+                assert torch.equal(lin.weight, ref[key + ".weight"]), key
+
+
+def test_a_group_that_cannot_be_merged_loads_apart(tmp_path):
+    """A merge group whose tensors differ in width (or is not all there) loads each tensor on its own."""
+    from engine.checkpoint.reader import _merged_rows
+
+    meta = torch.device("meta")
+    same = [("a", torch.empty(3, 4, device=meta), torch.float32), ("b", torch.empty(2, 4, device=meta), torch.float32)]
+    out = _merged_rows(same, torch.device("cpu"))
+    assert out["a"].shape == (3, 4) and out["b"].shape == (2, 4)
+    assert out["b"].data_ptr() == out["a"].data_ptr() + 3 * 4 * 4
+    assert _merged_rows([same[0], ("c", torch.empty(2, 5, device=meta), torch.float32)], torch.device("cpu")) == {}
+    assert _merged_rows([same[0], ("d", None, None)], torch.device("cpu")) == {}
+    assert _merged_rows([same[0], ("e", torch.empty(2, 4, device=meta), torch.bfloat16)], torch.device("cpu")) == {}

@@ -122,7 +122,9 @@ def load_state_dict_into(module: nn.Module, safetensors_path: str | Path, prefix
                     f"{path} has unexpected tensor '{extra[0]}'"
                     + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
                     + f" under '{prefix}'; the file belongs to a different model version or type.")
-        loaded = _stream(path, {prefix + local: current for local, current in target.items()}, dtype, device)
+        groups = [[prefix + (name + "." if name else "") + key for key in group]
+                  for name, sub in module.named_modules() for group in getattr(sub, "MERGED_ROWS", ())]
+        loaded = _stream(path, {prefix + local: current for local, current in target.items()}, dtype, device, groups)
         for local, current in target.items():
             t = loaded.pop(prefix + local)
             owner, attr = _owner(module, local)
@@ -156,20 +158,34 @@ def _header(path: Path) -> tuple[int, dict]:
     return 8 + n, entries
 
 
-def _stream(path: Path, want: dict, dtype: torch.dtype | None, device: torch.device) -> dict:
+def _stream(path: Path, want: dict, dtype: torch.dtype | None, device: torch.device, groups=()) -> dict:
     """{key: tensor on `device`} for each key of `want` (key -> the module's tensor, which gives the shape and
-    strides to keep), floating tensors cast to `dtype` (None keeps the file's). Keys and shapes are checked
-    by the caller."""
+    strides to keep), floating tensors cast to `dtype` (None keeps the file's). Each of `groups` (lists of
+    keys) that can be is laid out as consecutive rows of one tensor (_merged_rows). Keys and shapes are
+    checked by the caller."""
     start, entries = _header(path)
+
+    def dtypes(key):  # (in the file, in memory)
+        stored = _ST_DTYPES.get(entries[key]["dtype"])
+        if stored is None:
+            raise CheckpointError(f"{path}: tensor '{key}' has dtype {entries[key]['dtype']}, which this loader "
+                                  "does not read.")
+        return stored, dtype if stored.is_floating_point and dtype is not None else stored
+
+    merged = {}
+    for group in groups:
+        merged.update(_merged_rows([(key, want.get(key), dtypes(key)[1] if key in want else None)
+                                    for key in group], device))
     jobs = []
     for key, current in want.items():
         e = entries[key]
-        stored = _ST_DTYPES.get(e["dtype"])
-        if stored is None:
-            raise CheckpointError(f"{path}: tensor '{key}' has dtype {e['dtype']}, which this loader does not read.")
-        final_dtype = dtype if stored.is_floating_point and dtype is not None else stored
-        final = (torch.empty_strided(current.shape, current.stride(), dtype=final_dtype, device=device)
-                 if current.dim() > 1 else torch.empty(current.shape, dtype=final_dtype, device=device))
+        stored, final_dtype = dtypes(key)
+        if key in merged:
+            final = merged[key]
+        elif current.dim() > 1:
+            final = torch.empty_strided(current.shape, current.stride(), dtype=final_dtype, device=device)
+        else:
+            final = torch.empty(current.shape, dtype=final_dtype, device=device)
         job = _Job(key, start + e["data_offsets"][0], e["data_offsets"][1] - e["data_offsets"][0], final, stored)
         if job.size != final.numel() * stored.itemsize:
             raise CheckpointError(f"{path}: tensor '{key}' has {job.size} bytes for shape {e['shape']} "
@@ -177,6 +193,22 @@ def _stream(path: Path, want: dict, dtype: torch.dtype | None, device: torch.dev
         jobs.append(job)
     _copy_pieces(path, sorted(jobs, key=lambda j: j.offset), device)
     return {job.key: job.final for job in jobs}
+
+
+def _merged_rows(group: list, device: torch.device) -> dict:
+    """{key: its rows of one new tensor} for a group of (key, module tensor, dtype) whose tensors are all
+    present, 2-D and row-major, with one width and one dtype; {} otherwise (each then gets its own)."""
+    if any(cur is None or cur.dim() != 2 or not cur.is_contiguous() for _, cur, _ in group):
+        return {}
+    if len({cur.shape[1] for _, cur, _ in group}) != 1 or len({dt for _, _, dt in group}) != 1:
+        return {}
+    whole = torch.empty(sum(cur.shape[0] for _, cur, _ in group), group[0][1].shape[1], dtype=group[0][2],
+                        device=device)
+    out, row = {}, 0
+    for key, cur, _ in group:
+        out[key] = whole[row: row + cur.shape[0]]
+        row += cur.shape[0]
+    return out
 
 
 class _Job:

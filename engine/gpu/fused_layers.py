@@ -80,7 +80,12 @@ class FusedLayer:
 
 def _share_merged_rows(linears) -> torch.Tensor:
     """The linears' weights stacked by output rows into one tensor, each linear's weight re-pointed at its rows
-    of it: one copy in memory, shared (unlike the codec's _merged_rows, which keeps a derived copy beside them)."""
+    of it: one copy in memory, shared (unlike the codec's _merged_rows, which keeps a derived copy beside them).
+    Weights the loader already laid out that way (DecoderLayer.MERGED_ROWS) are taken as they are: no copy,
+    and no freed originals left as holes in the allocator's segments."""
+    adjacent = _adjacent_rows([lin.weight for lin in linears])
+    if adjacent is not None:
+        return adjacent
     merged = torch.cat([lin.weight for lin in linears], 0)
     start = 0
     for lin in linears:
@@ -88,6 +93,19 @@ def _share_merged_rows(linears) -> torch.Tensor:
         lin.weight = torch.nn.Parameter(merged[start: start + rows], requires_grad=False)
         start += rows
     return merged
+
+
+def _adjacent_rows(weights) -> torch.Tensor | None:
+    """The weights as one [rows, cols] view when they are consecutive row-major rows of one storage, else None."""
+    first = weights[0]
+    offset, cols = first.storage_offset(), first.shape[1]
+    for w in weights:
+        if (w.dim() != 2 or not w.is_contiguous() or w.shape[1] != cols or w.dtype != first.dtype
+                or w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or w.storage_offset() != offset):
+            return None
+        offset += w.numel()
+    return first.detach().as_strided((sum(w.shape[0] for w in weights), cols), (cols, 1))
 
 
 def fused(layer: DecoderLayer) -> FusedLayer:
