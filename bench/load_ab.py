@@ -14,7 +14,6 @@ table; writes DIR/load_ab_NAME.json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from engine_probe import script_params
 from gpu_bench import checkpoint
-from timing import gpu_tag, run_fresh
+from timing import gpu_tag, run_fresh, tree_ab_parser
 
 FIRST_FRAMES = 40
 TEXT = "The first line a user asks for after the model is loaded."
@@ -115,15 +114,8 @@ def _split_load_times() -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", action="store_true")
-    ap.add_argument("--root", type=Path)
-    ap.add_argument("--ckpt", type=Path)
-    ap.add_argument("--roots", nargs="+", default=[], help="LABEL=DIR: import `engine` from DIR")
+    ap = tree_ab_parser()
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--size", default="0.6b")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    ap.add_argument("--name", default="")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.root, args.ckpt)))

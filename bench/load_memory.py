@@ -13,14 +13,13 @@ writes DIR/load_memory_NAME.json.
 """
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import sys
 from pathlib import Path
 
 from gpu_bench import checkpoint
-from timing import gpu_tag, run_fresh
+from timing import gpu_tag, run_fresh, tree_ab_parser
 
 TOP = 8
 
@@ -99,14 +98,7 @@ def worker(root: Path, ckpt: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", action="store_true")
-    ap.add_argument("--root", type=Path)
-    ap.add_argument("--ckpt", type=Path)
-    ap.add_argument("--roots", nargs="+", default=[], help="LABEL=DIR: import `engine` from DIR")
-    ap.add_argument("--size", default="0.6b")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    ap.add_argument("--name", default="")
+    ap = tree_ab_parser()
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.root, args.ckpt)))

@@ -1,7 +1,8 @@
 """Shared by the benches: the best of several timed runs, percentiles, GPU time of a call, the kernels of a call,
-the GPU's short name for result files, a worker run in a fresh process."""
+the GPU's short name for result files, a worker run in a fresh process, the options of a tree A/B bench."""
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import shutil
@@ -156,3 +157,19 @@ class GpuClocks:
         return {"sm_mhz_mean": round(sum(mhz) / len(mhz), 1), "sm_mhz_min": min(mhz), "sm_mhz_max": max(mhz),
                 "power_w_mean": round(sum(s[2] for s in got) / len(got), 1), "temp_c_max": max(s[3] for s in got),
                 "clock_samples": len(got)}
+
+
+def tree_ab_parser() -> argparse.ArgumentParser:
+    """Options shared by the benches that load engine trees side by side, each in fresh worker processes:
+    --roots LABEL=DIR ... (the parent), --worker --root DIR --ckpt DIR (a worker), --size, --out, --name."""
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--root", type=Path)
+    ap.add_argument("--ckpt", type=Path)
+    ap.add_argument("--roots", nargs="+", default=[], help="LABEL=DIR: import `engine` from DIR")
+    ap.add_argument("--size", default="0.6b")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument("--name", default="")
+    return ap
