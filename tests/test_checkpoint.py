@@ -426,7 +426,8 @@ def test_codec_decoder_is_handed_over_before_the_talker_is_read(tiny_checkpoints
     assert {"speaker_encoder.", "encoder."} <= set(order[3:])
 
 
-def test_projections_are_loaded_as_one_tensor_each_and_fused_without_a_copy(tiny_checkpoints):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # as stored, and cast on the way in
+def test_projections_are_loaded_as_one_tensor_each_and_fused_without_a_copy(tiny_checkpoints, dtype):
     """Every decoder layer's q/k/v and gate/up weights land as consecutive rows of one tensor
     (DecoderLayer.MERGED_ROWS), with the file's values; the fused decode steps take that tensor as it is, so a
     load frees no originals (their holes stranded ~0.4 GB in the allocator, bench/load_memory.py)."""
@@ -435,7 +436,7 @@ def test_projections_are_loaded_as_one_tensor_each_and_fused_without_a_copy(tiny
     from engine.model.layers import DecoderLayer
 
     path = tiny_checkpoints["custom_voice"]
-    parts = loader.load_components(path, torch.device("cpu"), torch.float32)
+    parts = loader.load_components(path, torch.device("cpu"), dtype)
     ref = load_file(str(path / "model.safetensors"))
     names = {id(m): n for n, m in parts["talker"].named_modules()}
     layers = [m for m in parts["talker"].modules() if isinstance(m, DecoderLayer)]
@@ -453,7 +454,7 @@ def test_projections_are_loaded_as_one_tensor_each_and_fused_without_a_copy(tiny
             assert torch.equal(whole, torch.cat(weights))
             for lin in group:
                 key = "talker." + names[id(layer)] + "." + next(n for n, m in layer.named_modules() if m is lin)
-                assert torch.equal(lin.weight, ref[key + ".weight"]), key
+                assert lin.weight.dtype == dtype and torch.equal(lin.weight, ref[key + ".weight"].to(dtype)), key
 
 
 def test_a_group_that_cannot_be_merged_loads_apart(tmp_path):
