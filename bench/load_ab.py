@@ -22,7 +22,7 @@ from pathlib import Path
 
 from engine_probe import script_params
 from gpu_bench import checkpoint
-from timing import gpu_tag, run_fresh, tree_ab_parser
+from timing import gpu_tag, run_tree, tree_ab_args, tree_ab_parser
 
 FIRST_FRAMES = 40
 TEXT = "The first line a user asks for after the model is loaded."
@@ -116,20 +116,14 @@ def _split_load_times() -> dict:
 def main() -> None:
     ap = tree_ab_parser()
     ap.add_argument("--rounds", type=int, default=4)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.root, args.ckpt)))
-        return
+    args, roots = tree_ab_args(ap, worker)
     import torch
 
-    roots = dict(r.split("=", 1) for r in args.roots)
     ckpt = checkpoint(args.size)
     runs = {label: [] for label in roots}
     for i in range(args.rounds):
         for label, root in roots.items():
-            r = run_fresh(__file__, ["--worker", "--root", root, "--ckpt", str(ckpt)])
-            if "error" in r:
-                raise SystemExit(f"{label}: {r['error']}")
+            r = run_tree(__file__, label, root, ckpt)
             r["round"] = i
             runs[label].append(r)
             print(f"round {i} {label:10s} load {r['load_s']:.2f} s (weights {r.get('weights_s', 0):.2f}, codec thread "

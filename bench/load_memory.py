@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from gpu_bench import checkpoint
-from timing import gpu_tag, run_fresh, tree_ab_parser
+from timing import gpu_tag, run_tree, tree_ab_args, tree_ab_parser
 
 TOP = 8
 
@@ -98,21 +98,13 @@ def worker(root: Path, ckpt: Path) -> dict:
 
 
 def main() -> None:
-    ap = tree_ab_parser()
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.root, args.ckpt)))
-        return
+    args, roots = tree_ab_args(tree_ab_parser(), worker)
     import torch
 
-    roots = dict(r.split("=", 1) for r in args.roots)
     ckpt = checkpoint(args.size)
     out = {}
     for label, root in roots.items():
-        r = run_fresh(__file__, ["--worker", "--root", root, "--ckpt", str(ckpt)])
-        if "error" in r:
-            raise SystemExit(f"{label}: {r['error']}")
-        out[label] = r
+        r = out[label] = run_tree(__file__, label, root, ckpt)
         for stage, s in r["stages"].items():
             print(f"\n{label}, {stage}: reserved {s['reserved_mb']:.0f} MB, allocated {s['allocated_mb']:.0f} MB, "
                   f"stranded in used general segments {s['stranded_mb']:.0f} MB")

@@ -161,7 +161,8 @@ class GpuClocks:
 
 def tree_ab_parser() -> argparse.ArgumentParser:
     """Options shared by the benches that load engine trees side by side, each in fresh worker processes:
-    --roots LABEL=DIR ... (the parent), --worker --root DIR --ckpt DIR (a worker), --size, --out, --name."""
+    --roots LABEL=DIR ... (the parent), --worker --root DIR --ckpt DIR (a worker), --size, --out, --name.
+    A bench adds its own options, then calls tree_ab_args."""
     from pathlib import Path
 
     ap = argparse.ArgumentParser()
@@ -173,3 +174,21 @@ def tree_ab_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--name", default="")
     return ap
+
+
+def tree_ab_args(ap: argparse.ArgumentParser, worker) -> tuple:
+    """Parse a tree_ab_parser's options. In a worker process: print worker(root, ckpt) as JSON and exit. In the
+    parent: (args, {label: tree dir})."""
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.root, args.ckpt)))
+        raise SystemExit(0)
+    return args, dict(r.split("=", 1) for r in args.roots)
+
+
+def run_tree(script, label: str, root: str, ckpt) -> dict:
+    """One worker of a tree A/B bench (`script --worker`) in a fresh process: its JSON, or exit naming the tree."""
+    r = run_fresh(script, ["--worker", "--root", root, "--ckpt", str(ckpt)])
+    if "error" in r:
+        raise SystemExit(f"{label}: {r['error']}")
+    return r

@@ -98,7 +98,7 @@ def _share_merged_rows(linears) -> torch.Tensor:
 def _adjacent_rows(weights) -> torch.Tensor | None:
     """The weights as one [rows, cols] view when they are consecutive row-major rows of one storage, else None."""
     first = weights[0]
-    offset, cols = first.storage_offset(), first.shape[1]
+    offset, cols = first.storage_offset(), first.shape[-1]  # checked 2-D below, with the others
     for w in weights:
         if (w.dim() != 2 or not w.is_contiguous() or w.shape[1] != cols or w.dtype != first.dtype
                 or w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
