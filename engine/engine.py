@@ -299,10 +299,17 @@ class Engine:
             precapture([1], PRECAPTURE_WINDOW)
         if self.codec_graphs is not None:  # every one-take decode (any length, any chunk) replays these
             self.codec_graphs.precapture([1])
-            # A stream's own first-run costs (its side stream, the first use of its chunk ops) are paid here,
-            # not by the first streamed request: its first audio took 53 ms against 13 for the next ones
-            # (bench/results/real_length_h100_0.6b_c40ba0f.json, stream2, request 0). The shared one-take
-            # codec state is left fresh, as the capture left it.
+            # Each path a request takes pays its own first-run costs here (its side streams, the first launch
+            # of each of its ops), not in the first request: a stream's first audio took 53 ms against 13 for
+            # the next ones before it was warmed (bench/results/real_length_h100_0.6b_c40ba0f.json, stream2,
+            # request 0); unwarmed, the first generate still cost ~5 ms more than the next and the Stream
+            # node's first request ~7 ms more, first audio 19 against 14 ms (stream_ahead_h100/rl, request 0).
+            # The nodes call generate_batch and stream_batch, the engine's own users generate and stream. The
+            # shared one-take codec state is left fresh, as the capture left it.
+            self.generate(req, params=warm)
+            self.generate_batch([BatchItem(req)], params=warm)
+            for _ in self.stream_batch([BatchItem(req)], params=warm, chunk_frames=2, first_chunk_frames=1):
+                pass
             for _ in self.stream(req, params=warm, chunk_frames=1):
                 pass
             self.codec_graphs.state(1).zero_()
