@@ -79,6 +79,7 @@ class FrameState:
         self.pred_bias = [torch.where(torch.arange(groups, device=dev) <= j, 0.0, float("-inf")).to(dt)
                           for j in range(groups)]
         self.pred_rope = None  # filled by GraphedFrames (needs the predictor's rotary tables)
+        self.rope_table = None  # filled by GraphedFrames: the talker's (cos, sin_signed) of every cache position
         self.banned = torch.zeros(vocab, dtype=torch.bool, device=dev)
         self.eos_mask = torch.zeros(vocab, dtype=torch.bool, device=dev)
         f32 = {"device": dev, "dtype": torch.float32}
@@ -208,7 +209,10 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
     x = x + s.trailing.index_select(0, s.trailing_start + torch.minimum(s.t, s.trailing_last))
     # Each row sees its own positions 0..pos: [B, 1, 1, window] broadcasts over heads and the query.
     bias = torch.where(torch.arange(window, device=x.device)[None] <= s.pos[:, None], 0.0, float("-inf"))
-    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias.to(x.dtype)[:, None, None])[:, 0])
+    # The rows' RoPE angles are looked up, not computed: two gathers instead of ~9 small kernels a frame (the
+    # table is the same elementwise ops over every position, so the values are the same bits).
+    rope = (s.rope_table[0].index_select(0, s.pos), s.rope_table[1].index_select(0, s.pos))
+    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias.to(x.dtype)[:, None, None], rope)[:, 0])
     s.t.add_(s.valid)
     s.finished.logical_or_(s.t >= s.limit)  # the budget is spent: no further frame is real
     s.pos.add_(~s.finished)  # a finished row rewrites its last position and never passes its room
@@ -264,6 +268,8 @@ class GraphedFrames:
             state = FrameState(self.talker, bucket, self.max_seq_len, self.trailing_rows)
             dtype = state.hidden.dtype
             state.pred_rope = [self.fused["predictor"].rope(p, dtype) for p in state.pred_pos]
+            state.rope_table = self.fused["talker"].rope(torch.arange(self.max_seq_len, device=state.pos.device),
+                                                         dtype)
             self.states[bucket] = state
         return self.states[bucket]
 
