@@ -1,6 +1,7 @@
 """What a frame costs at each cache position: the captured frame graphs replayed at chosen positions.
 
-    python bench/position_cost.py [--size 0.6b] [--takes 1 4] [--attention '{"PROGRAMS_PER_SM": 2}'] [--out F.json]
+    python bench/position_cost.py [--size 0.6b] [--takes 1 4] [--attention '{"PROGRAMS_PER_SM": 2}'] [--shared 0 300]
+                                  [--out F.json]
 
 A request's frames run at positions prompt length .. prompt length + frames, in the attention window bucket
 of each position (engine/gpu/frame_graph.py). The real-length benchmark's request overhead counts every frame
@@ -9,6 +10,8 @@ bench loads the engine as the node does (random real-size CustomVoice checkpoint
 takes count so its graphs exist, then for each window bucket and a few positions in it replays that graph
 16 times from the position (each replay advances it by one) and reports the GPU ms a frame (CUDA events,
 the best of 3). --attention patches engine.kernels.attention.CONFIG before the load (a launch-plan A/B).
+--shared: for each length N, every row reads the positions below N (at most its position) from row 0's copy,
+as the takes of one N-token prompt do (FrameState.share); 0 = each row its own copy, as before.
 """
 from __future__ import annotations
 
@@ -36,10 +39,13 @@ def positions(window: int, step: int) -> list:
 
 
 @torch.inference_mode()
-def frame_ms(runner, batch: int, window: int, pos: int) -> float:
+def frame_ms(runner, batch: int, window: int, pos: int, shared: int = 0) -> float:
     """GPU ms a frame of the (batch, window) graph replayed REPLAYS times from position pos (best of 3)."""
     def once(_):
-        seat(runner, batch, pos)
+        s = seat(runner, batch, pos)
+        rows = torch.arange(batch, device=s.share.device)
+        s.share[0].copy_(rows * 0 if shared else rows)
+        s.share[1].fill_(min(shared, pos))
         return mean_gpu_ms(runner._graph(window).replay, REPLAYS, warm=False)  # the seated batch's graph
 
     return best_of(once)
@@ -50,6 +56,7 @@ def main() -> None:
     ap.add_argument("--size", default="0.6b")
     ap.add_argument("--takes", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--attention", default="", help="JSON: entries of engine.kernels.attention.CONFIG to override")
+    ap.add_argument("--shared", type=int, nargs="+", default=[0], help="shared prompt lengths to measure")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -66,9 +73,11 @@ def main() -> None:
         windows = sorted(w for b, w in eng.runner.graphs if b == batch)
         for window in windows:
             for pos in positions(window, WINDOW_STEP):
-                ms = frame_ms(eng.runner, batch, window, pos)
-                rows.append({"takes": takes, "window": window, "pos": pos, "ms": ms})
-                print(f"{args.label} takes {takes} window {window:4d} pos {pos:4d}: {ms:.4f} ms a frame", flush=True)
+                for shared in args.shared:
+                    ms = frame_ms(eng.runner, batch, window, pos, shared)
+                    rows.append({"takes": takes, "window": window, "pos": pos, "shared": shared, "ms": ms})
+                    print(f"{args.label} takes {takes} window {window:4d} pos {pos:4d} shared {shared:4d}: "
+                          f"{ms:.4f} ms a frame", flush=True)
     out = {"gpu": torch.cuda.get_device_name(), "size": args.size, "label": args.label,
            "attention_config": attention.CONFIG, "rows": rows}
     if args.out:

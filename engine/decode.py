@@ -16,7 +16,7 @@ finished row frees its slot and the next queued row is prefilled into it (contin
 
 The per-frame work is done by a *frame runner*: `EagerFrames` here (any device), or the CUDA-graph
 runner in engine/gpu, which replays the same three steps as one captured graph. Both expose
-`open(slots, params, eos_id, max_len)`, `admit(slots, prompt, keys, max_frames)`,
+`open(slots, params, eos_id, max_len, refills)`, `admit(slots, prompt, keys, max_frames)`,
 `next_frame(host) -> (codes [slots, 16], valid [slots])` and `finished`.
 """
 from __future__ import annotations
@@ -130,7 +130,7 @@ class EagerFrames:
         self.talker = talker
         self.predictor = talker.code_predictor
 
-    def open(self, *, slots: int, params: SamplingParams, eos_id: int, max_len: int) -> None:
+    def open(self, *, slots: int, params: SamplingParams, eos_id: int, max_len: int, refills: bool = True) -> None:
         t = self.talker
         w = t.codec_head.weight
         vocab, hidden = w.shape
@@ -254,7 +254,7 @@ def decode_rows(
         and device.type == "cuda" else None
     if events is not None:
         events[0].record()
-    runner.open(slots=slots, params=params, eos_id=eos_id,
+    runner.open(slots=slots, params=params, eos_id=eos_id, refills=len(rows) > slots,
                 max_len=max(r.prompt.prefill.shape[1] + r.max_frames for r in rows))
     _admit(runner, host, rows, queue, device, lead_rows)
     if events is not None:

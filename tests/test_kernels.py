@@ -205,6 +205,25 @@ def test_attention_split_is_deterministic_and_rearms():
     torch.testing.assert_close(first, ka.reference(q, kc, vc, bias, 0.2), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dot", [False, True], ids=["fma", "dot"])
+def test_attention_split_shared_prefix(dtype, dot):
+    """Rows that read a prompt's K/V from another row's copy (takes): row 1 from row 0 below 97 (inside a block),
+    row 2 from row 0 below 64 (a block edge), row 3 its own. The rows' own prefixes differ, so ignoring the
+    share fails."""
+    launch = st.check_attention(DEV, dtype, 4, **SMALL_HEADS, seq=168, window=160, lengths=[150, 150, 150, 120],
+                                chunk=32, seed=11, config={"USE_DOT": dot},
+                                share=[(0, 0), (0, 97), (0, 64), (3, 0)])
+    assert launch["splits"] == 5
+
+
+def test_rope_attention_split_shared_prefix():
+    """The fused path: the shared prefix is read from row 0, and each row still writes its own token's k / v."""
+    launch = st.check_rope_attention(DEV, torch.float32, 3, **SMALL_HEADS, seq=88, window=80, pos=70, chunk=16,
+                                     share=[(0, 0), (0, 41), (0, 70)])
+    assert launch["splits"] == 5
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b, per_row", [(1, False), (3, True)])
 def test_rope_attention_predictor_window(dtype, b, per_row):

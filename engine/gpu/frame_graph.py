@@ -63,6 +63,9 @@ class FrameState:
         self.hidden = torch.zeros(batch, hidden, device=dev, dtype=dt)
         long = {"dtype": torch.long, "device": dev}
         self.pos = torch.zeros(batch, **long)  # cache position each row writes next
+        # [source row, shared length] a row: the talker attention reads positions below the length from the
+        # source row's cache (identical K/V: one prompt's takes), so HBM serves a prompt's K/V once a frame.
+        self.share = torch.stack([torch.arange(batch, **long), torch.zeros(batch, **long)])
         self.t = torch.zeros(batch, **long)  # frames each row has produced
         self.limit = torch.zeros(batch, **long)  # each row's frame budget
         self.keys = torch.zeros(batch, **long)
@@ -212,7 +215,8 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
     # The rows' RoPE angles are looked up, not computed: two gathers instead of ~9 small kernels a frame (the
     # table is the same elementwise ops over every position, so the values are the same bits).
     rope = (s.rope_table[0].index_select(0, s.pos), s.rope_table[1].index_select(0, s.pos))
-    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias.to(x.dtype)[:, None, None], rope)[:, 0])
+    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias.to(x.dtype)[:, None, None], rope,
+                                        share=s.share)[:, 0])
     s.t.add_(s.valid)
     s.finished.logical_or_(s.t >= s.limit)  # the budget is spent: no further frame is real
     s.pos.add_(~s.finished)  # a finished row rewrites its last position and never passes its room
@@ -243,6 +247,7 @@ class GraphedFrames:
         self.prefill_graphs = None  # PrefillGraphs once precapture() ran
         self.precapture_window = 0  # windows captured per bucket up front (set by precapture())
         self.position = 0
+        self.share_prompts = False  # set by open(): takes of one prompt read its K/V from one row's copy
 
     @property
     def active_kernels(self) -> list:
@@ -297,7 +302,9 @@ class GraphedFrames:
         for window in range(WINDOW_STEP, min(self.precapture_window, self.max_seq_len) + 1, WINDOW_STEP):
             self._graph(window)
 
-    def open(self, *, slots: int, params, eos_id: int, max_len: int) -> None:
+    def open(self, *, slots: int, params, eos_id: int, max_len: int, refills: bool = True) -> None:
+        """refills: a slot may be prefilled again during this run (more rows than slots). Then no row reads
+        another's prompt K/V, since that copy could be overwritten while the row still reads it."""
         bucket = batch_bucket(slots)
         if max_len > self.max_seq_len:
             raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
@@ -316,6 +323,9 @@ class GraphedFrames:
         s.limit.zero_()
         s.t.zero_()
         s.pos.zero_()
+        s.share[0].copy_(torch.arange(bucket, device=s.share.device))
+        s.share[1].zero_()
+        self.share_prompts = not refills
         s.set_params(params, eos_id)
 
     def admit(self, slots: list, prompt, keys: torch.Tensor, max_frames: int) -> None:
@@ -327,6 +337,12 @@ class GraphedFrames:
             hidden = prefill_into(self.talker, prompt, s.cache, idx)
         s.hidden[idx] = hidden
         s.pos[idx] = prompt.prefill.shape[1]
+        if self.share_prompts and len(slots) > 1:  # every take reads the prompt's K/V from the first's copy
+            s.share[0, idx] = slots[0]
+            s.share[1, idx] = prompt.prefill.shape[1]
+        else:
+            s.share[0, idx] = idx
+            s.share[1, idx] = 0
         s.t[idx] = 0
         s.limit[idx] = max_frames
         s.keys[idx] = keys.to(s.keys.device)

@@ -54,12 +54,13 @@ class FusedLayer:
             self.qk_norm = torch.cat([attn.q_norm.weight.expand(self.nh, self.d),
                                       attn.k_norm.weight.expand(self.nkv, self.d)])
 
-    def step(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache, pos, bias):
-        """x [B, 1, H] at position pos ([1] long); attends over the first len(bias) cache positions."""
+    def step(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache, pos, bias, share=None):
+        """x [B, 1, H] at position pos ([1] long); attends over the first len(bias) cache positions (`share`:
+        engine/kernels/attention._launch)."""
         lay = self.layer
         qkv = ks.linear(x, self.qkv, prologue="rms_norm", norm_weight=lay.input_layernorm.weight, eps=self.eps)
         x = ks.attention_o_proj(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos, bias,
-                                self.scale, self.nh, self.nkv, lay.self_attn.o_proj.weight, x)
+                                self.scale, self.nh, self.nkv, lay.self_attn.o_proj.weight, x, share)
         return ks.mlp(x, self.gate_up, lay.post_attention_layernorm.weight, self.eps, lay.mlp.down_proj.weight)
 
     def prefill(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache):
@@ -132,12 +133,13 @@ class FusedStack:
         # rotate_half(x) * sin == cat(x2, x1) * [-sin1, sin2]
         return cos, torch.cat((-sin[..., :half], sin[..., half:]), -1)
 
-    def step(self, x, cache, pos, bias, rope=None, final_norm=True):
+    def step(self, x, cache, pos, bias, rope=None, final_norm=True, share=None):
         """x [B, 1, H] at position pos ([1] long) -> hidden [B, 1, H], after the final norm unless
-        final_norm=False (the caller then fuses the norm into its head, or only needed the cache)."""
+        final_norm=False (the caller then fuses the norm into its head, or only needed the cache). `share`: the
+        rows whose prompt K/V another row's copy can stand for (engine/kernels/attention._launch)."""
         cos, sin_signed = rope if rope is not None else self.rope(pos, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer.step(self.ks, x, cos, sin_signed, cache.k[i], cache.v[i], pos, bias)
+            x = layer.step(self.ks, x, cos, sin_signed, cache.k[i], cache.v[i], pos, bias, share)
         if not final_norm:
             return x
         norm = self.stack.norm

@@ -122,21 +122,26 @@ class Kernels:
         return self._run("qk_norm_rope_kv", "prefill", "prefill_reference", qkv, qk_norm_weight, cos, sin_signed,
                          eps, k_cache, v_cache, nh, nkv)
 
-    def attention(self, q, k_cache, v_cache, bias, scale):
-        return self._run("attention", "attention", "reference", q, k_cache, v_cache, bias, scale)
+    def attention(self, q, k_cache, v_cache, bias, scale, share=None):
+        """share (attention._launch): which row each row reads its prompt's K/V from. Only the kernel uses it; the
+        torch reference reads each row's own copy, which holds the same values."""
+        if "attention" in self.active:
+            return _module("attention").attention(q, k_cache, v_cache, bias, scale, pdl=self.pdl, share=share)
+        return _module("attention").reference(q, k_cache, v_cache, bias, scale)
 
-    def rope_attention(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv):
+    def rope_attention(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
+                       share=None):
         """qk_norm_rope_kv then attention -> [B, nkv, g, D]: one Triton launch when "rope_attention" is
         active and there are at least attention.FUSE_MIN_ROWS rows (fewer run faster as two), else the two ops."""
         fused = _module("attention")
         if "rope_attention" in self.active and qkv.shape[0] >= fused.FUSE_MIN_ROWS:
             return fused.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
-                                        nh, nkv, pdl=self.pdl)
+                                        nh, nkv, pdl=self.pdl, share=share)
         q = self.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
-        return self.attention(q, k_cache, v_cache, bias, scale)
+        return self.attention(q, k_cache, v_cache, bias, scale, share)
 
     def attention_o_proj(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
-                         weight, residual):
+                         weight, residual, share=None):
         """rope_attention, then o_proj (`weight`) with the residual added -> [B, 1, N]: one Triton launch when
         "attention_o_proj" is active and fits (attention_o_proj.fits: one row, a short window), else
         those ops by their own switches."""
@@ -146,7 +151,7 @@ class Kernels:
             return fused.attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
                                           nh, nkv, weight, residual, pdl=self.pdl)
         out = self.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh,
-                                  nkv)
+                                  nkv, share)
         return self.linear(out.reshape(b, 1, nh * k_cache.shape[-1]), weight, residual=residual)
 
     def mlp(self, x, gate_up, norm_weight, eps, down):

@@ -203,11 +203,11 @@ def _kernel():
     @triton.jit
     def split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, acc_ptr, ml_ptr, count_ptr,
                      stride_qb, skb, skh, sks, svb, svh, svs, stride_ob, stride_bias, W, chunk, scale,
-                     qkn_ptr, cos_ptr, sin_ptr, pos_ptr, stride_pos, stride_cos, eps,
+                     qkn_ptr, cos_ptr, sin_ptr, pos_ptr, stride_pos, stride_cos, eps, share_ptr, stride_share,
                      G: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                      SP: tl.constexpr, SB: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
                      ROPE: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, EMULATE_RNE: tl.constexpr,
-                     PDL: tl.constexpr):
+                     SHARE: tl.constexpr, PDL: tl.constexpr):
         _pdl_enter(PDL)  # q, caches, bias, workspace and counters are all read after the wait
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -231,14 +231,21 @@ def _kernel():
         m_i = tl.full([R], float("-inf"), tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, D], tl.float32)
-        k_base = k_ptr + b * skb + h * skh
-        v_base = v_ptr + b * svb + h * svh
+        if SHARE:  # positions below `shared` are read from row `source` (the same prompt's identical K/V)
+            source = tl.load(share_ptr + b).to(tl.int32)
+            shared = tl.load(share_ptr + stride_share + b).to(tl.int32)
+        else:
+            source = b
+            shared = 0
+        k_head = k_ptr + h * skh
+        v_head = v_ptr + h * svh
         for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             bias = tl.load(bias_ptr + b * stride_bias + n, mask=n < hi, other=float("-inf")).to(tl.float32)
             live = bias != float("-inf")  # masked positions (and those past the chunk) are not read
-            k = tl.load(k_base + n[:, None] * sks + di[None, :], mask=live[:, None], other=0.0)
-            v = tl.load(v_base + n[:, None] * svs + di[None, :], mask=live[:, None], other=0.0)
+            row = tl.where(n < shared, source, b)[:, None]
+            k = tl.load(k_head + row * skb + n[:, None] * sks + di[None, :], mask=live[:, None], other=0.0)
+            v = tl.load(v_head + row * svb + n[:, None] * svs + di[None, :], mask=live[:, None], other=0.0)
             if USE_DOT:
                 if IEEE:
                     s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -312,17 +319,17 @@ def _counters(device) -> torch.Tensor:
 
 
 def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = False, chunk: int | None = None,
-              config=None):
+              config=None, share=None):
     """Same contract as reference: returns [B, nkv, g, D] (contiguous, so .view(B, nh * D) is free).
 
-    chunk / config: see `plan` (None: the plan's choice for this device)."""
+    chunk / config: see `plan` (None: the plan's choice for this device). share: see `_launch`."""
     d = q.shape[2]
     q = q if q.stride(-1) == 1 and q.stride(1) == d else q.contiguous()
-    return _launch(q, q.shape[1], k_cache, v_cache, bias, scale, None, block_n, pdl, chunk, config)
+    return _launch(q, q.shape[1], k_cache, v_cache, bias, scale, None, block_n, pdl, chunk, config, share)
 
 
 def rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
-                   block_n: int = 16, pdl: bool = False, chunk: int | None = None, config=None):
+                   block_n: int = 16, pdl: bool = False, chunk: int | None = None, config=None, share=None):
     """qk_norm_rope_kv then attention in one launch; same arguments and results as `rope_reference`
     (qkv [B, (nh + 2 nkv) * D] or [B, 1, ...], pos one position or one per row, cos / sin to match)."""
     b = qkv.shape[0]
@@ -330,7 +337,7 @@ def rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, 
     per_row = kq._rows_at_own_positions(b, pos, cos, sin_signed)
     require(nkv == k_cache.shape[1], "the caches hold nkv heads")
     rope = (qk_norm_weight, cos, sin_signed, pos, 1 if per_row else 0, d if per_row else 0, float(eps))
-    return _launch(qkv2, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config)
+    return _launch(qkv2, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share)
 
 
 def bias_row_stride(bias, b: int) -> int:
@@ -339,8 +346,14 @@ def bias_row_stride(bias, b: int) -> int:
     return bias.shape[-1] if bias.dim() > 1 and bias.shape[0] == b > 1 else 0
 
 
-def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config):
-    """q: [B, nh, D] rows (rope None), or qkv rows [B, (nh + 2 nkv) * D] with rope's tensors and strides."""
+def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share=None):
+    """q: [B, nh, D] rows (rope None), or qkv rows [B, (nh + 2 nkv) * D] with rope's tensors and strides.
+
+    share: None, or an integer tensor [2, >= B]: row b reads cache positions below share[1, b] from row
+    share[0, b] instead of its own. Takes of one prompt hold identical copies of its K/V (one prefill copied
+    into every row), so pointing them all at one copy gives the same result while the GPU reads the prompt's
+    K/V from memory once instead of once a row (the other rows hit L2). The split path honours it; the
+    one-program path (windows below SPLIT_MIN_WINDOW) reads each row's own copy."""
     b = q.shape[0]
     nkv, d = k_cache.shape[1], k_cache.shape[-1]
     g = nh // nkv
@@ -366,9 +379,15 @@ def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, con
     ml = torch.empty(slots, 2, gp, dtype=torch.float32, device=q.device)
     counters = _counters(q.device)
     require(b * nkv <= counters.numel(), "split-kv counters for every (row, kv head)")
+    if share is not None:
+        require(share.dim() == 2 and share.shape[0] == 2 and share.shape[1] >= b and share.stride(1) == 1
+                and not share.is_floating_point() and share.device == q.device,
+                "share: an integer tensor [2, >= rows] on the caches' device (source row, shared length)")
+    share_args = (share, share.stride(0)) if share is not None else (q, 0)
     split[(b, nkv, p["splits"])](
         q, k_cache, v_cache, bias, out, part, ml, counters, *args, p["chunk"], float(scale), *rope_args,
-        G=g, GP=gp, R=max(16, gp) if dot else gp, D=d, BLOCK_N=p["BLOCK_N"], SP=p["SP"], SB=p["SB"], USE_DOT=dot,
+        *share_args, SHARE=share is not None, G=g, GP=gp, R=max(16, gp) if dot else gp, D=d, BLOCK_N=p["BLOCK_N"],
+        SP=p["SP"], SB=p["SB"], USE_DOT=dot,
         IEEE=q.dtype == torch.float32 or interpreting(), **flags, num_warps=p["num_warps"],
         num_stages=p["num_stages"], **launch_options(pdl))
     return out

@@ -221,11 +221,26 @@ def check_qk_norm_rope_kv_prefill(device, dtype, t, nh=16, nkv=8, d=128, seq=Non
     _verdict(torch.equal(mine[1], caches[1]), what + " v_cache differs")
 
 
+def _shared_prefix(cache, share):
+    """What a row reads under `share` ([(source row, length)] a row, attention._launch): a copy of the cache
+    whose row b holds row source's values below length."""
+    out = cache.clone()
+    for row, (source, length) in enumerate(share):
+        out[row, :, :length] = cache[source, :, :length]
+    return out
+
+
+def _share_tensor(share, device):
+    return None if share is None else torch.tensor(share, device=device).t().contiguous()
+
+
 def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, filled=9, seed=0, block_n=16,
-                    per_row=False, lengths=None, chunk=None, config=None):
+                    per_row=False, lengths=None, chunk=None, config=None, share=None):
     """per_row: row i sees `filled - i` positions (a [B, 1, 1, W] bias, rows of different lengths);
     lengths: each row's own count of visible positions instead (per-row bias). chunk / config: the
-    launch plan (attention.plan; None: the plan's choice). Returns the plan that ran."""
+    launch plan (attention.plan; None: the plan's choice). share: [(source row, length)] a row, which the
+    kernel gets while the reference reads caches whose prefixes were copied that way (the rows' own prefixes
+    differ, so a kernel that ignored it fails). Returns the plan that ran."""
     from . import attention as k
 
     q = _rand((b, nh, d), dtype, device, seed)
@@ -240,28 +255,36 @@ def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, fi
         bias = torch.where(torch.arange(window) < filled, 0.0, float("-inf")).to(dtype).to(device)
     scale = d ** -0.5
     launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk, config, block_n)
-    _close(k.attention(q, kc, vc, bias, scale, block_n=block_n, chunk=chunk, config=config),
-           k.reference(q, kc, vc, bias, scale), ATTN_TOL[dtype],
+    seen_k, seen_v = (kc, vc) if share is None else (_shared_prefix(kc, share), _shared_prefix(vc, share))
+    _close(k.attention(q, kc, vc, bias, scale, block_n=block_n, chunk=chunk, config=config,
+                       share=_share_tensor(share, device)),
+           k.reference(q, seen_k, seen_v, bias, scale), ATTN_TOL[dtype],
            f"attention {dtype} B={b} W={window} splits={launch['splits']} chunk={launch['chunk']}")
     return launch
 
 
 def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=16, pos=9, seed=0, per_row=False,
-                         chunk=None, pad=64, config=None):
+                         chunk=None, pad=64, config=None, share=None):
     """The fused q/k norm + RoPE + cache write + attention against the two reference ops: the output, and
     both caches after the write. per_row: row i at position pos - i with its own RoPE row and bias row
-    (it sees positions 0..pos - i). chunk / config: the launch plan (attention.plan). Returns the plan that ran."""
+    (it sees positions 0..pos - i). chunk / config: the launch plan (attention.plan). share: as check_attention
+    (lengths at most each row's position; the kernel's caches keep their own prefixes, the reference's are
+    copied). Returns the plan that ran."""
     from . import attention as k
 
     positions = [max(0, pos - i) for i in range(b)] if per_row else [pos]
     qkv, w, cos, sin, caches, mine, p = _decode_token_case(device, dtype, b, nh, nkv, d, seq, positions, pad, seed)
+    if share is not None:
+        caches = [_shared_prefix(c, share) for c in caches]
     seen = torch.tensor(positions)[:, None] + 1
     bias = torch.where(torch.arange(window)[None] < seen, 0.0, float("-inf")).to(dtype)
     bias = (bias[:, None, None] if per_row else bias[0]).contiguous().to(device)
     scale = d ** -0.5
     want = k.rope_reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], p, bias, scale, nh, nkv)
     got = k.rope_attention(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, bias, scale, nh, nkv, chunk=chunk,
-                           config=config)
+                           config=config, share=_share_tensor(share, device))
+    if share is not None:  # the prefixes the kernel read elsewhere are still each row's own: compare the rest
+        mine = [_shared_prefix(c, share) for c in mine]
     launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk, config, fused=True)
     what = f"rope_attention {dtype} B={b} W={window} pos={positions} splits={launch['splits']}"
     _close(got, want, ATTN_TOL[dtype], what + " out")

@@ -101,6 +101,16 @@ def test_attention_rows_of_different_lengths():
         st.check_attention(DEV, dtype, 16, seq=600, window=512, filled=500, block_n=64, per_row=True)
 
 
+@pytest.mark.parametrize("b", [4, 16])
+def test_attention_shared_prefix(b):
+    """Takes reading a prompt's K/V from row 0's copy (the rows' own prefixes differ, so ignoring it fails), at the
+    talker's shapes, in the split path and the fused one."""
+    share = [(0, 0)] + [(0, 311)] * (b - 2) + [(b - 1, 0)]
+    for dtype in DTYPES:
+        st.check_attention(DEV, dtype, b, seq=800, window=768, filled=560, seed=b, share=share)
+        st.check_rope_attention(DEV, dtype, b, seq=800, window=768, pos=560, seed=b, share=share)
+
+
 def test_sample_codebook0_rows_at_their_own_frames():
     st.check_sample_penalty(DEV, 16, t=0, min_new=8, per_row=True)
 
