@@ -220,11 +220,16 @@ def _kernel():
         gmask = gi < G
         lo = sp * chunk
         hi = tl.minimum(lo + chunk, W)
+        end = hi  # the loop's end: a rope split knows its row's position, and stops after it (the rest is masked)
         if ROPE:  # the split holding pos writes the token's k / v (the last one if pos is past the window)
             pos = tl.load(pos_ptr + b * stride_pos)
             owner = (pos >= lo) & ((pos < hi) | (sp == splits - 1))
-            q = _rope_q_kv(q_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, owner, stride_qb, stride_cos,
-                           skb, skh, sks, svb, svh, svs, eps, G, R, NH, NKV, D, dt, EMULATE_RNE)
+            end = tl.minimum(hi, pos + 1)
+            if lo <= pos:  # a split wholly past the row's position neither makes the query nor reads the caches
+                q = _rope_q_kv(q_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, owner, stride_qb,
+                               stride_cos, skb, skh, sks, svb, svh, svs, eps, G, R, NH, NKV, D, dt, EMULATE_RNE)
+            else:
+                q = tl.zeros([R, D], dtype=dt)
         else:
             q = tl.load(q_ptr + b * stride_qb + (h * G + gi[:, None]) * D + di[None, :], mask=gmask[:, None],
                         other=0.0)
@@ -239,7 +244,7 @@ def _kernel():
             shared = 0
         k_head = k_ptr + h * skh
         v_head = v_ptr + h * svh
-        for start in range(lo, hi, BLOCK_N):
+        for start in range(lo, end, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             bias = tl.load(bias_ptr + b * stride_bias + n, mask=n < hi, other=float("-inf")).to(tl.float32)
             live = bias != float("-inf")  # masked positions (and those past the chunk) are not read
