@@ -248,6 +248,7 @@ class GraphedFrames:
         self.precapture_window = 0  # windows captured per bucket up front (set by precapture())
         self.position = 0
         self.share_prompts = False  # set by open(): takes of one prompt read its K/V from one row's copy
+        self.rope_table = None  # the talker's (cos, sin_signed) of every cache position, made with the first state
 
     @property
     def active_kernels(self) -> list:
@@ -260,6 +261,7 @@ class GraphedFrames:
     def release(self) -> None:
         self.graphs.clear()
         self.states.clear()
+        self.rope_table = None
         self.pool = None
         if self.prefill_graphs is not None:
             self.prefill_graphs.release()
@@ -273,8 +275,10 @@ class GraphedFrames:
             state = FrameState(self.talker, bucket, self.max_seq_len, self.trailing_rows)
             dtype = state.hidden.dtype
             state.pred_rope = [self.fused["predictor"].rope(p, dtype) for p in state.pred_pos]
-            state.rope_table = self.fused["talker"].rope(torch.arange(self.max_seq_len, device=state.pos.device),
-                                                         dtype)
+            if self.rope_table is None:  # one table for every bucket (read only)
+                self.rope_table = self.fused["talker"].rope(torch.arange(self.max_seq_len, device=state.pos.device),
+                                                            dtype)
+            state.rope_table = self.rope_table
             self.states[bucket] = state
         return self.states[bucket]
 
@@ -340,9 +344,7 @@ class GraphedFrames:
         if self.share_prompts and len(slots) > 1:  # every take reads the prompt's K/V from the first's copy
             s.share[0, idx] = slots[0]
             s.share[1, idx] = prompt.prefill.shape[1]
-        else:
-            s.share[0, idx] = idx
-            s.share[1, idx] = 0
+        # else each row keeps reading its own copy, as open() left it: without refills no slot is admitted twice
         s.t[idx] = 0
         s.limit[idx] = max_frames
         s.keys[idx] = keys.to(s.keys.device)

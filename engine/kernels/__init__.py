@@ -101,11 +101,12 @@ class Kernels:
     def __bool__(self) -> bool:
         return bool(self.active)
 
-    def _run(self, name, triton_fn, reference_fn, *args, **kw):
-        """`name`'s module: its Triton launcher (with this table's PDL setting) if active, else its reference."""
+    def _run(self, name, triton_fn, reference_fn, *args, triton_only=None, **kw):
+        """`name`'s module: its Triton launcher (with this table's PDL setting) if active, else its reference.
+        triton_only: keyword arguments only the launcher takes (hints the reference has no use for)."""
         m = _module(name)
         if name in self.active:
-            return getattr(m, triton_fn)(*args, pdl=self.pdl, **kw)
+            return getattr(m, triton_fn)(*args, pdl=self.pdl, **(triton_only or {}), **kw)
         return getattr(m, reference_fn)(*args, **kw)
 
     def linear(self, x, weight, **kw):
@@ -125,9 +126,8 @@ class Kernels:
     def attention(self, q, k_cache, v_cache, bias, scale, share=None):
         """share (attention._launch): which row each row reads its prompt's K/V from. Only the kernel uses it; the
         torch reference reads each row's own copy, which holds the same values."""
-        if "attention" in self.active:
-            return _module("attention").attention(q, k_cache, v_cache, bias, scale, pdl=self.pdl, share=share)
-        return _module("attention").reference(q, k_cache, v_cache, bias, scale)
+        return self._run("attention", "attention", "reference", q, k_cache, v_cache, bias, scale,
+                         triton_only={"share": share})
 
     def rope_attention(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
                        share=None):
