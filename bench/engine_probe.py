@@ -6,7 +6,8 @@
     graphs can be replayed from there;
   * codec_after_frames: the whole-utterance codec decoded after the last frame instead of beside the frames;
   * script_params: the sampling settings of a request of exactly `frames` frames (EOS is disabled);
-  * request_wall_s: the host seconds of one whole request of exactly `frames` frames.
+  * request_wall_s: the host seconds of one whole request of exactly `frames` frames;
+  * before_graphs: a callback at the point of Engine.load where the weights are in and the graphs begin.
 """
 from __future__ import annotations
 
@@ -69,3 +70,17 @@ def request_wall_s(eng, takes: int, frames: int) -> float:
     t = time.perf_counter()
     eng.generate(req, takes=takes, seed=0, params=params)
     return time.perf_counter() - t
+
+
+def before_graphs(fn) -> None:
+    """Call fn() each time Engine.load has read the weights and starts its graphs (wraps Engine._enable_graphs;
+    for the load benches, which import `engine` from the tree under test before calling this)."""
+    from engine.engine import Engine
+
+    enable = Engine._enable_graphs
+
+    def wrapped(self, *args, **kwargs):
+        fn()
+        return enable(self, *args, **kwargs)
+
+    Engine._enable_graphs = wrapped

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine_probe import script_params
+from engine_probe import before_graphs, script_params
 from gpu_bench import checkpoint
 from timing import gpu_tag, run_tree, tree_ab_args, tree_ab_parser
 
@@ -59,10 +59,11 @@ def worker(root: Path, ckpt: Path) -> dict:
     cuda_start_s = time.perf_counter() - t
     split = _split_load_times()
     t = time.perf_counter()
-    split["start"] = t
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t
+    if "graphs_at" in split:  # a host timestamp taken inside the load (no sync of its own)
+        split["weights_s"] = split.pop("graphs_at") - t
     memory = {"reserved_gb": torch.cuda.memory_reserved() / 1e9, "allocated_gb": torch.cuda.memory_allocated() / 1e9,
               "segments": segments_by_pool_and_stream(torch.cuda.memory_snapshot())}
     req = Request(mode="custom", text=TEXT, language="English", speaker=eng.speakers[0])
@@ -70,25 +71,16 @@ def worker(root: Path, ckpt: Path) -> dict:
     res = eng.generate(req, params=script_params(eng, FIRST_FRAMES))
     first_request_s = time.perf_counter() - t
     assert res.stats["frames"] == FIRST_FRAMES, res.stats
-    split.pop("start")
     return {"cuda_start_s": cuda_start_s, "load_s": load_s, "first_request_s": first_request_s, **memory,
             **split, "notes": eng.info.notes}
 
 
 def _split_load_times() -> dict:
-    """Wrap the load's steps to record (host clock, no sync): weights_s, from the load's start to the graphs'
-    start; codec_thread_s, the codec capture thread's run; thread_wait_s, the load's wait for that thread.
-    Trees without the thread leave the last two out."""
-    from engine.engine import Engine
-
+    """Wrap the load's steps to record (host clock, no sync): graphs_at, when the graphs start (the worker turns
+    it into weights_s, from the load's start); codec_thread_s, the codec capture thread's run; thread_wait_s,
+    the load's wait for that thread. Trees without the thread leave the last two out."""
     split = {}
-    enable = Engine._enable_graphs
-
-    def timed_enable(self, *a, **k):
-        split["weights_s"] = time.perf_counter() - split["start"]
-        return enable(self, *a, **k)
-
-    Engine._enable_graphs = timed_enable
+    before_graphs(lambda: split.__setitem__("graphs_at", time.perf_counter()))
     try:
         from engine.gpu.codec_graph import _Beside
     except ImportError:

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from engine_probe import before_graphs
 from gpu_bench import checkpoint
 from timing import gpu_tag, run_tree, tree_ab_args, tree_ab_parser
 
@@ -73,12 +74,10 @@ def worker(root: Path, ckpt: Path) -> dict:
 
     sys.path.insert(0, str(root))
     from engine import Engine
-    from engine.engine import Engine as EngineClass
 
     torch.zeros(1, device="cuda")
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     stages = {}
-    enable = EngineClass._enable_graphs
 
     def read(name):
         torch.cuda.synchronize()
@@ -86,11 +85,7 @@ def worker(root: Path, ckpt: Path) -> dict:
                         "allocated_mb": torch.cuda.memory_allocated() / 2**20,
                         **stranded_by_site(torch.cuda.memory._snapshot())}
 
-    def patched(self, *args, **kwargs):
-        read("weights in, before the graphs")
-        return enable(self, *args, **kwargs)
-
-    EngineClass._enable_graphs = patched
+    before_graphs(lambda: read("weights in, before the graphs"))
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")
     read("after the load")
     torch.cuda.memory._record_memory_history(enabled=None)
