@@ -61,7 +61,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
-    from engine.gpu.frame_graph import WINDOW_STEP, batch_bucket
+    from engine.gpu.buckets import batch_bucket
+    from engine.gpu.frame_graph import WINDOW_STEP
     from engine.kernels import attention
 
     if args.attention:

@@ -23,6 +23,7 @@ collections during each request (--gc off runs our worker with the collector dis
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -97,11 +98,17 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     torch.zeros(1, device="cuda")  # the process's CUDA start, timed apart: in ComfyUI it happens at launch
     torch.cuda.synchronize()
     cuda_start_s = time.perf_counter() - t
+    takes = 4 if mode in ("takes4", "node4") else 1
+    # The loader node's defaults: max_takes 4, whose graphs the load captures (warm_takes, nodes/engine_cache.py;
+    # trees before it captured a takes count's graphs at its first request). The engine modes of one take load
+    # with the engine's own defaults; takes4 as the node does.
+    load_kw = {"max_takes": 4} if mode.startswith("node") or takes > 1 else {}
+    if load_kw and "warm_takes" in inspect.signature(Engine.load).parameters:
+        load_kw["warm_takes"] = 4
     t = time.perf_counter()
-    eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto")  # the node's defaults
+    eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto", **load_kw)
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t
-    takes = 4 if mode in ("takes4", "node4") else 1
 
     def node_generate(req, seed, params):
         """What a generator node runs for a one-segment line (nodes/runner.py Job.generate, without ComfyUI's

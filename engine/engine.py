@@ -147,6 +147,13 @@ def _pad_rows(waves: list, lengths: list) -> torch.Tensor:
     return out
 
 
+def warm_buckets(warm_takes: int) -> list:
+    """The batch buckets whose graphs a load captures: one take's, and that of warm_takes rows."""
+    from .gpu.buckets import batch_bucket
+
+    return sorted({1, batch_bucket(warm_takes)})
+
+
 class Engine:
     """Load once, then generate(), stream() and extract_voice() as often as needed. Calls are serialised
     (engine_lock.py): a second thread waits at most `busy_timeout_s` seconds, then gets EngineBusyError."""
@@ -154,11 +161,12 @@ class Engine:
     busy_timeout_s: float | None = 600.0
 
     def __init__(self, *, cfg, defaults, tokenizer, talker, speaker_encoder, codec, device, dtype,
-                 info, max_takes, max_seq_len):
+                 info, max_takes, max_seq_len, warm_takes=1):
         self.cfg = cfg
         self.talker, self.speaker_encoder, self.codec = talker, speaker_encoder, codec
         self.device, self.dtype, self.info = device, dtype, info
         self.max_takes, self.max_seq_len = max_takes, max_seq_len
+        self.warm_takes = warm_takes
         self.defaults = SamplingParams.from_generation_config(defaults)
         self.builder = PromptBuilder(cfg, talker, tokenizer)
         self.runner = EagerFrames(talker)
@@ -169,10 +177,14 @@ class Engine:
 
     @classmethod
     def load(cls, model_dir, device="auto", dtype="auto", cuda_graphs="auto", triton="auto",
-             max_takes: int = 16, max_seq_len: int = 4096, codec_dir=None) -> Engine:
+             max_takes: int = 16, max_seq_len: int = 4096, codec_dir=None, warm_takes: int = 1) -> Engine:
         """Load a checkpoint folder. codec_dir: a codec folder (or a checkpoint folder with speech_tokenizer/)
         to use instead of the checkpoint's own; without it a folder that has no speech_tokenizer/ borrows the
-        codec of a compatible checkpoint next to it. info.codec_dir / info.codec_origin say which was used."""
+        codec of a compatible checkpoint next to it. info.codec_dir / info.codec_origin say which was used.
+        warm_takes: with CUDA graphs, the graphs of this many rows (takes) are captured at load besides one
+        take's, and a call of up to this many rows runs on them: no request pays a capture (a larger count
+        captures its own before its first request). Each row holds its own K/V cache (~0.47 GB at 4096
+        positions)."""
         from .checkpoint.loader import load_components
 
         for name, value in (("cuda_graphs", cuda_graphs), ("triton", triton)):
@@ -180,6 +192,7 @@ class Engine:
                 raise UnsupportedConfigError(f"{name} must be one of {', '.join(SWITCHES)} (got '{value}').")
         if not 1 <= max_takes <= 16:
             raise InvalidInputError(f"max_takes must be between 1 and 16 (got {max_takes}).")
+        checks.whole_number("warm_takes", warm_takes, 1, max_takes, "It counts takes at most max_takes.")
         dev = _resolve_device(device)
         dt = _resolve_dtype(dtype, dev)
         if cuda_graphs == "on" and dev.type != "cuda":
@@ -202,7 +215,8 @@ class Engine:
                 from .gpu.codec_graph import CodecGraphs
 
                 early["codec"] = CodecGraphs(decoder)
-                early["codec"].precapture_beside([1])  # every one-take decode (any length, any chunk) replays these
+                # every decode of one take, or of up to warm_takes rows (any length, any chunk), replays these
+                early["codec"].precapture_beside(warm_buckets(warm_takes))
 
         try:
             parts = load_components(Path(model_dir), dev, dt, None if codec_dir is None else Path(codec_dir),
@@ -221,7 +235,8 @@ class Engine:
                           codec_dir=str(source.path), codec_origin=source.origin)
         engine = cls(cfg=cfg, defaults=parts["defaults"], tokenizer=parts["tokenizer"],
                      talker=parts["talker"], speaker_encoder=parts["speaker_encoder"], codec=parts["codec"],
-                     device=dev, dtype=dt, info=info, max_takes=max_takes, max_seq_len=max_seq_len)
+                     device=dev, dtype=dt, info=info, max_takes=max_takes, max_seq_len=max_seq_len,
+                     warm_takes=warm_takes)
         if graphs:  # the graphs' memory: what the load reserved beyond the weights
             weights = sum(t.numel() * t.element_size() for m in (engine.talker, engine.speaker_encoder, engine.codec)
                           if m is not None for t in [*m.parameters(), *m.buffers()])
@@ -268,8 +283,10 @@ class Engine:
         # transient blocks go back to the device once, here. What stays is the graphs' pools and static buffers.
         torch.cuda.empty_cache()
         taken = (torch.cuda.memory_reserved(self.device) - reserved_before) / 1e9
-        self.info.notes.append(f"CUDA graphs: on ({len(graphed.graphs)} frame graphs in {graphed.capture_seconds:.2f} s; "
-                               f"{prefill_note}; graphs and their static buffers take {taken:.2f} GB)")
+        rows = " and ".join(str(b) for b in warm_buckets(self.warm_takes))
+        self.info.notes.append(f"CUDA graphs: on ({len(graphed.graphs)} frame graphs of {rows} rows in "
+                               f"{graphed.capture_seconds:.2f} s; {prefill_note}; graphs and their static buffers "
+                               f"take {taken:.2f} GB)")
         if codec.failure is not None:  # CodecGraphs logged the warning; the frame graphs stay on
             self.codec_graphs = None
             codec.release()
@@ -277,9 +294,10 @@ class Engine:
                 raise UnsupportedConfigError(f"codec CUDA graph capture failed ({codec.failure}).")
             self.info.notes.append(f"codec CUDA graphs: capture failed ({codec.failure}); the codec decodes eagerly")
             return
-        self.info.notes.append(f"codec CUDA graphs: on ({codec.captures} piece graphs of 1-32 frames for one take "
-                               f"captured in {codec.capture_seconds:.2f} s beside the talker's loading; other take "
-                               "counts capture theirs before their first request decodes)")
+        self.info.notes.append(f"codec CUDA graphs: on ({codec.captures} piece graphs of 1-32 frames for {rows} rows "
+                               f"captured in {codec.capture_seconds:.2f} s beside the talker's loading; up to "
+                               f"{self.warm_takes} takes run on these, more capture theirs before their first "
+                               "request decodes)")
 
     def _warmup(self) -> None:
         mode = MODE_OF_MODEL[self.cfg.tts_model_type]
@@ -294,11 +312,12 @@ class Engine:
         prompt, params, max_frames = self._prepare(req, 1, warm)
         for _ in self._frames(prompt, 1, 0, params, max_frames, 0, 0, None, None):
             pass
+        buckets = warm_buckets(self.warm_takes)
         precapture = getattr(self.runner, "precapture", None)
-        if callable(precapture):  # prefill buckets, and the one-take frame graphs of common windows
-            precapture([1], PRECAPTURE_WINDOW)
-        if self.codec_graphs is not None:  # every one-take decode (any length, any chunk) replays these
-            self.codec_graphs.precapture([1])
+        if callable(precapture):  # prefill buckets, and the frame graphs of common windows at one take and warm_takes
+            precapture(buckets, PRECAPTURE_WINDOW)
+        if self.codec_graphs is not None:  # every decode of up to warm_takes rows (any length, any chunk) replays these
+            self.codec_graphs.precapture(buckets)
             # Each path a request takes pays its own first-run costs here (its side streams, the first launch
             # of each of its ops), not in the first request: a stream's first audio took 53 ms against 13 for
             # the next ones before it was warmed (bench/results/real_length_h100_0.6b_c40ba0f.json, stream2,
@@ -312,7 +331,10 @@ class Engine:
                 pass
             for _ in self.stream(req, params=warm, chunk_frames=1):
                 pass
-            self.codec_graphs.state(1).zero_()
+            if self.warm_takes > 1:  # the takes' own path: the prompt's K/V copied to every row, shared reads
+                self.generate_batch([BatchItem(req, takes=self.warm_takes)], params=warm)
+            for bucket in buckets:
+                self.codec_graphs.state(bucket).zero_()
 
     # -- properties ----------------------------------------------------------------------------
 

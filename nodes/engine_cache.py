@@ -104,7 +104,7 @@ def _load(key: EngineKey) -> _Entry:
              key.device, key.dtype, key.cuda_graphs, key.triton, key.max_takes)
     engine = Engine.load(key.model_dir, device=key.device, dtype=key.dtype, cuda_graphs=key.cuda_graphs,
                          triton=key.triton, max_takes=key.max_takes, max_seq_len=key.max_seq_len,
-                         codec_dir=key.codec_dir or None)
+                         codec_dir=key.codec_dir or None, warm_takes=key.max_takes)  # no takes count captures later
     patcher = comfy.model_patcher.ModelPatcher(_Standin(), load_device=mm.get_torch_device(),
                                                offload_device=mm.unet_offload_device(),
                                                size=_weight_bytes(key.model_dir, engine.info.codec_dir))

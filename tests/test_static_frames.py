@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import Engine, Request
-from engine.gpu import frame_graph
+from engine.gpu import buckets, frame_graph
 from engine.gpu.frame_graph import GraphedFrames
 from engine.gpu.fused_layers import FusedStack
 from tests.decoding import decode_codes
@@ -71,9 +71,18 @@ def test_fused_prefill_equals_module_forward(engine, pad):
 
 
 def test_batch_buckets():
-    assert [frame_graph.batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 16)] == [1, 2, 4, 8, 8, 16, 16]
+    assert [buckets.batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 16)] == [1, 2, 4, 8, 8, 16, 16]
     with pytest.raises(ValueError):
-        frame_graph.batch_bucket(17)
+        buckets.batch_bucket(17)
+
+
+def test_bucket_for_takes_its_own_then_the_loads():
+    assert buckets.bucket_for(2, captured={1, 4}, warm=(1, 4)) == 4  # the load's 4-row graphs: no capture
+    assert buckets.bucket_for(2, captured={1, 2, 4}, warm=(1, 4)) == 2  # its own, once it exists
+    assert buckets.bucket_for(3, captured={1}, warm=(1,)) == 4  # nothing larger from the load: its own
+    assert buckets.bucket_for(4, captured={1, 16}, warm=(1,)) == 4  # a request's 16-row capture is no default
+    assert buckets.bucket_for(5, captured={1, 4}, warm=(1, 4)) == 8
+    assert buckets.bucket_for(1, captured=set(), warm=()) == 1
 
 
 @pytest.mark.parametrize("choice,expected", [("", True), ("torch", False), ("triton", True)])

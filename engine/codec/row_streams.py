@@ -82,5 +82,5 @@ class RowStreams:
         self.saved.clear()
         self.current = None
         if self.shared is not None:
-            self.graphs.release_owner(1, self)
+            self.graphs.release_owner(self)
             self.shared = None

@@ -27,12 +27,12 @@ from collections import OrderedDict
 import torch
 
 from ..codec.decoder import CodecDecoder, DecodeState
+from .buckets import bucket_for
 from .capture import capture as capture_graph
 
 log = logging.getLogger(__name__)
 
 PIECES = (32, 16, 8, 4, 2, 1)  # frames per captured graph; every length is a sum of these
-BATCH_BUCKETS = (1, 2, 4, 8, 16)
 PREFIXES_KEPT = 8  # ICL reference states kept (least recently used dropped first)
 
 
@@ -57,13 +57,6 @@ def final_pieces(frames: int) -> list[int]:
     return out
 
 
-def bucket_of(batch: int) -> int:
-    for b in BATCH_BUCKETS:
-        if b >= batch:
-            return b
-    raise ValueError(f"at most {BATCH_BUCKETS[-1]} rows fit a codec graph bucket (got {batch})")
-
-
 class CodecGraphs:
     """Owns the per-bucket decode states, the captured piece graphs and the ICL prefix states."""
 
@@ -83,6 +76,7 @@ class CodecGraphs:
         self.private_streams = 0  # streams that found their bucket's state busy and decoded eagerly
         self.failure: str | None = None  # first capture error; no capture is tried after one
         self._beside: _Beside | None = None  # precapture_beside's thread, until someone needs the graphs
+        self.warm_buckets = ()  # the load's buckets (precapture_beside): smaller decodes use them (buckets.bucket_for)
 
     @property
     def captures(self) -> int:
@@ -120,7 +114,7 @@ class CodecGraphs:
     def acquire(self, batch: int, owner) -> DecodeState | None:
         """The shared state of batch's bucket for `owner`, or None while another live owner holds it."""
         self.settle()
-        bucket = bucket_of(batch)
+        bucket = bucket_for(batch, {b for b, _ in self.graphs}, self.warm_buckets)
         ref = self._owners.get(bucket)
         holder = ref() if ref is not None else None
         if holder is not None and holder is not owner:
@@ -134,11 +128,11 @@ class CodecGraphs:
         self._owners[bucket] = weakref.ref(owner)  # freed with the owner (e.g. an exhausted Engine.stream)
         return state
 
-    def release_owner(self, bucket: int, owner) -> None:
-        """`owner` is done with the bucket's state (a no-op if someone else holds it)."""
-        ref = self._owners.get(bucket)
-        if ref is not None and ref() is owner:
-            del self._owners[bucket]
+    def release_owner(self, owner) -> None:
+        """`owner` is done with the state it acquired (a no-op if it holds none)."""
+        for bucket, ref in list(self._owners.items()):
+            if ref() is owner:
+                del self._owners[bucket]
 
     def _bucket_holding(self, state: DecodeState) -> int | None:
         for bucket, shared in self.states.items():
@@ -152,6 +146,7 @@ class CodecGraphs:
         """Start precapture(buckets) on a thread and return: at load it runs while the talker's weights are read
         (the codec's first eager frame, its library start-up and per-shape plans, and its captures took 0.9-1.5
         s of a 2.9-3.2 s load, bench/results/codec_conv_h100.md). acquire, precapture and release wait for it."""
+        self.warm_buckets = tuple(buckets)
         self._beside = _Beside(self, buckets)
 
     def settle(self) -> None:
@@ -291,7 +286,7 @@ class CodecGraphs:
                 state.zero_()
             return self.decode(codes.transpose(1, 2), state, final=True)
         finally:
-            self.release_owner(bucket_of(codes.shape[0]), owner)
+            self.release_owner(owner)
 
     def _device(self):
         return next(self.decoder.parameters()).device

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .codec_graph import PIECES, CodecGraphs, bucket_of
+from .codec_graph import PIECES, CodecGraphs
 
 # Frames per side-stream piece while the request runs. 16 rather than 32: the last piece, decoded after
 # the last frame, is then at most a 16-frame one (3.7 ms on an H200 against 6.1 for 32: the request's tail
@@ -87,4 +87,4 @@ class OverlappedDecode:
     def release(self) -> None:
         """Hand the bucket's state back (also on an interrupted request)."""
         if self.state is not None:
-            self.graphs.release_owner(bucket_of(self.batch), self)
+            self.graphs.release_owner(self)

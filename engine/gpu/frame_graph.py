@@ -21,12 +21,12 @@ import torch
 from .. import sampling
 from ..decode import prefill_into, trailing_table
 from . import graph_sampling
+from .buckets import bucket_for
 from .capture import capture
 from .fused_layers import FusedStack
 
 log = logging.getLogger(__name__)
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16)
 WINDOW_STEP = 256  # attention windows are multiples of this many positions
 # The talker's attention runs as the Triton kernel (split-KV over its 256+ position windows: one launch,
 # and it keeps the programmatic-dependent-launch chain) when True, as torch's matmul + add + softmax +
@@ -41,13 +41,6 @@ def talker_triton_attention() -> bool:
     """Whether the talker runs the Triton attention (when the kernels have it): the environment, else the constant."""
     choice = os.environ.get(TALKER_ATTENTION_ENV, "")
     return TALKER_TRITON_ATTENTION if choice not in ("torch", "triton") else choice == "triton"
-
-
-def batch_bucket(takes: int) -> int:
-    for b in BATCH_BUCKETS:
-        if b >= takes:
-            return b
-    raise ValueError(f"at most {BATCH_BUCKETS[-1]} takes fit a graph bucket (got {takes})")
 
 
 class FrameState:
@@ -246,6 +239,7 @@ class GraphedFrames:
         self.late_captures = 0  # frame graphs captured while a request ran
         self.prefill_graphs = None  # PrefillGraphs once precapture() ran
         self.precapture_window = 0  # windows captured per bucket up front (set by precapture())
+        self.warm_buckets = ()  # the buckets precapture() captured: smaller runs use them (buckets.bucket_for)
         self.position = 0
         self.share_prompts = False  # set by open(): takes of one prompt read its K/V from one row's copy
         self.rope_table = None  # the talker's (cos, sin_signed) of every cache position, made with the first state
@@ -296,6 +290,7 @@ class GraphedFrames:
             self.prefill_graphs = PrefillGraphs(self.talker, cache=self._state(1).cache, fused=self.fused["talker"])
         self.prefill_graphs.capture_all()
         self.precapture_window = max_window
+        self.warm_buckets = tuple(buckets)
         for bucket in buckets:
             self._capture_windows(bucket)
         self.precapture_seconds = time.perf_counter() - t0
@@ -309,7 +304,7 @@ class GraphedFrames:
     def open(self, *, slots: int, params, eos_id: int, max_len: int, refills: bool = True) -> None:
         """refills: a slot may be prefilled again during this run (more rows than slots). Then no row reads
         another's prompt K/V, since that copy could be overwritten while the row still reads it."""
-        bucket = batch_bucket(slots)
+        bucket = bucket_for(slots, {b for b, _ in self.graphs}, self.warm_buckets)
         if max_len > self.max_seq_len:
             raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
         if self.prefill_graphs is not None and (bucket, WINDOW_STEP) not in self.graphs:

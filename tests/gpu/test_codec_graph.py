@@ -18,7 +18,8 @@ from engine.checkpoint import loader
 from engine.codec import StreamingDecoder
 from engine.codec.decoder import SnakeBeta
 from engine.errors import CheckpointError, UnsupportedConfigError
-from engine.gpu.codec_graph import PIECES, CodecGraphs, bucket_of, final_pieces, pieces
+from engine.gpu.buckets import batch_bucket
+from engine.gpu.codec_graph import PIECES, CodecGraphs, final_pieces, pieces
 from engine.gpu.codec_overlap import FLUSH_FRAMES
 from tests.decoding import joined_take
 
@@ -89,7 +90,7 @@ def test_whole_decode_any_length_equals_one_pass(fp32, batch):
     """Lengths 1..600 through the piece graphs (the last run one zero-padded piece): no capture, within 1e-5
     of one pass (fp32)."""
     g = fp32.codec_graphs
-    g.precapture([bucket_of(batch)])  # what a request of `batch` takes does before it decodes
+    g.precapture([batch_bucket(batch)])  # what a request of `batch` takes does before it decodes
     before = g.stats()
     worst = 0.0
     for frames in list(range(1, 41)) + [63, 64, 65, 127, 250, 299, 300, 301, 417, 599, 600]:
