@@ -55,6 +55,7 @@ class EngineInfo:
     notes: list = field(default_factory=list)
     codec_dir: str = ""  # the codec folder in use (speech_tokenizer/ of this or another checkpoint)
     codec_origin: str = "own"  # own | chosen (codec_dir given) | sibling (found next to the checkpoint)
+    graph_bytes: int = 0  # device memory the load reserved beyond the weights: graphs, their caches and buffers
 
     def summary(self) -> str:
         graphs = "on" if self.cuda_graphs else "off"
@@ -282,7 +283,8 @@ class Engine:
         # Captures no longer empty the memory cache before each graph (engine/gpu/capture.py): the warm-ups'
         # transient blocks go back to the device once, here. What stays is the graphs' pools and static buffers.
         torch.cuda.empty_cache()
-        taken = (torch.cuda.memory_reserved(self.device) - reserved_before) / 1e9
+        self.info.graph_bytes = max(torch.cuda.memory_reserved(self.device) - reserved_before, 0)
+        taken = self.info.graph_bytes / 1e9
         rows = " and ".join(str(b) for b in warm_buckets(self.warm_takes))
         self.info.notes.append(f"CUDA graphs: on ({len(graphed.graphs)} frame graphs of {rows} rows in "
                                f"{graphed.capture_seconds:.2f} s; {prefill_note}; graphs and their static buffers "

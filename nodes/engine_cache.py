@@ -2,10 +2,11 @@
 
 The loader node outputs a small `ModelRef` (configuration + facts), never the engine itself; every node
 that needs the engine calls `acquire(ref)`. Each loaded engine is represented to ComfyUI by a
-ModelPatcher around a weightless stand-in module whose size is the checkpoint's weight bytes, so that
+ModelPatcher around a weightless stand-in module whose size is the checkpoint's weight bytes plus what the load
+reserved for its graphs and their K/V caches (EngineInfo.graph_bytes: max_takes rows of cache), so that
 ComfyUI makes room for it, and so that "Unload models", "Free model and node cache" and ComfyUI's OOM
 recovery unload it: the patcher's ON_DETACH callback calls `engine.release()` and drops the entry. The
-next `acquire` loads it again (CUDA graphs are then captured again lazily by the engine).
+next `acquire` loads it again (and that load captures its CUDA graphs again).
 """
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ def _load(key: EngineKey) -> _Entry:
                          codec_dir=key.codec_dir or None, warm_takes=key.max_takes)  # no takes count captures later
     patcher = comfy.model_patcher.ModelPatcher(_Standin(), load_device=mm.get_torch_device(),
                                                offload_device=mm.unet_offload_device(),
-                                               size=_weight_bytes(key.model_dir, engine.info.codec_dir))
+                                               size=_weight_bytes(key.model_dir, engine.info.codec_dir)
+                                               + engine.info.graph_bytes)  # its graphs and K/V caches too
     patcher.add_callback(CallbacksMP.ON_LOAD, _on_load)
     patcher.add_callback(CallbacksMP.ON_DETACH, _on_detach(key))
     return _Entry(engine, patcher)
