@@ -18,7 +18,8 @@ measured warm in the same process after the script (the walls are kept in the JS
 this span). Writes DIR/real_length_<gpu>.json and .md.
 The JSON also has the SM clock, power and temperature (sampled by nvidia-smi) during each of our requests and
 over the script and the steady phases, to tell a clock drift from other causes, and the Python garbage
-collections during each request (--gc off runs our worker with the collector disabled, for an A/B).
+collections during each request (--gc off runs our worker with the collector disabled, for an A/B; --clocks off
+runs it without the nvidia-smi sampler, for another).
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def _steady(run, frames_hi=450, frames_lo=50, repeats=3) -> tuple[float, dict]:
 
 
 def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_mode: str = "default",
-                rounds: int = 1) -> dict:
+                rounds: int = 1, clocks_mode: str = "on") -> dict:
     import gc
 
     import torch
@@ -177,7 +178,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
         gc.disable()
     rows = []
     # does the frame speed drift with the SM clock (script phase vs steady phase)? do collections stop the loop?
-    with GpuClocks() as clocks, GcPauses() as pauses:
+    with GpuClocks(enabled=clocks_mode == "on") as clocks, GcPauses() as pauses:
         t_script = time.perf_counter()
         for i, (lang, text, frames) in enumerate(script()):
             t0 = time.perf_counter()
@@ -205,7 +206,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     out = {"engine": "ours", "mode": mode, "takes": takes, "load_s": load_s, "cuda_start_s": cuda_start_s,
            "info": eng.info.summary(),
            "notes": eng.info.notes, "rows": rows, **summarise(rows, steady, takes), "steady_walls_s": steady_walls,
-           "clocks": phases, "gc_mode": gc_mode, "more_rounds": more}
+           "clocks": phases, "gc_mode": gc_mode, "clocks_mode": clocks_mode, "more_rounds": more}
     graphs = getattr(eng.runner, "graphs", {})
     out["frame_graphs"] = [list(k) for k in graphs]
     if eng.codec_graphs is not None:
@@ -323,10 +324,13 @@ def main() -> None:
                     help="our workers run the script and the steady phase this many times (the table: the first)")
     ap.add_argument("--gc", default="default", choices=("default", "off"),
                     help="off: our worker runs the script with Python's garbage collector disabled (an A/B)")
+    ap.add_argument("--clocks", default="on", choices=("on", "off"),
+                    help="off: no nvidia-smi samples the GPU during our worker's requests (an A/B against the "
+                         "sampler's own effect on the host)")
     args = ap.parse_args()
     if args.worker == "ours":
         print(json.dumps(worker_ours(args.ckpt, args.mode, args.engine_root, args.first_chunk, args.gc,
-                                     args.rounds)))
+                                     args.rounds, args.clocks)))
         return
     if args.worker == "faster":
         print(json.dumps(worker_faster(args.ckpt, args.mode)))
@@ -355,7 +359,7 @@ def main() -> None:
         runs = results[f"{size} CustomVoice"] = []
         for mode in args.modes if not args.skip_ours else ():
             extra = ["--engine-root", str(args.engine_root), "--first-chunk", str(args.first_chunk), "--gc", args.gc,
-                     "--rounds", str(args.rounds)]
+                     "--rounds", str(args.rounds), "--clocks", args.clocks]
             r = run_worker(["--worker", "ours", "--ckpt", str(ckpt), "--mode", mode, *extra])
             r["label"] = args.label or "this pack"
             runs.append(r)

@@ -116,17 +116,18 @@ class GcPauses:
 class GpuClocks:
     """The GPU's SM clock, power draw and temperature, sampled by one `nvidia-smi -lms` process on a thread
     while the `with` block runs; `during(t0, t1)` sums up the samples between two perf_counter times. Without
-    nvidia-smi it records nothing and `during` returns {}."""
+    nvidia-smi, or with enabled=False (an A/B against the sampler itself), it records nothing and `during`
+    returns {}."""
 
     QUERY = "clocks.sm,power.draw,temperature.gpu"
 
-    def __init__(self, period_ms: int = 100, gpu: int = 0):
-        self.period_ms, self.gpu = period_ms, gpu
+    def __init__(self, period_ms: int = 100, gpu: int = 0, enabled: bool = True):
+        self.period_ms, self.gpu, self.enabled = period_ms, gpu, enabled
         self.samples: list[tuple[float, float, float, float]] = []  # (perf_counter, MHz, W, C)
         self.proc = None
 
     def __enter__(self):
-        if shutil.which("nvidia-smi") is None:
+        if not self.enabled or shutil.which("nvidia-smi") is None:
             return self
         self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
                                       f"-lms={self.period_ms}", f"-i={self.gpu}"], stdout=subprocess.PIPE,
