@@ -193,7 +193,7 @@ class Engine:
                 raise UnsupportedConfigError(f"{name} must be one of {', '.join(SWITCHES)} (got '{value}').")
         if not 1 <= max_takes <= 16:
             raise InvalidInputError(f"max_takes must be between 1 and 16 (got {max_takes}).")
-        checks.whole_number("warm_takes", warm_takes, 1, max_takes, "It counts takes at most max_takes.")
+        checks.whole_number("warm_takes", warm_takes, 1, max_takes, "It cannot exceed max_takes.")
         dev = _resolve_device(device)
         dt = _resolve_dtype(dtype, dev)
         if cuda_graphs == "on" and dev.type != "cuda":

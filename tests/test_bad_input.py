@@ -123,6 +123,13 @@ def test_takes_out_of_range(engines):
         e.generate(custom(), takes=e.max_takes + 1)
 
 
+@pytest.mark.parametrize("max_takes,warm_takes", [(2, 3), (4, 0), (4, 2.5), (4, True)])
+def test_load_refuses_a_warm_takes_outside_max_takes(tiny_checkpoints, max_takes, warm_takes):
+    with pytest.raises(InvalidInputError, match="warm_takes"):
+        Engine.load(tiny_checkpoints["custom_voice"], device="cpu", dtype="fp32", max_takes=max_takes,
+                    warm_takes=warm_takes)
+
+
 def test_first_take_beyond_the_stream_range(engines):
     e = engines["custom_voice"]
     with pytest.raises(InvalidInputError, match="take indices end at 4294967295"):
