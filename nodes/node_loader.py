@@ -58,7 +58,7 @@ class LoadQwen3TTS(io.ComfyNode):
                                        "if unavailable; off: plain PyTorch."),
                 io.Int.Input("max_takes", default=4, min=1, max=MAX_TAKES,
                              tooltip="Largest number of takes generated at once. The load reserves cache "
-                                     "memory for that many parallel takes (~0.5 GB each) and prepares their "
+                                     "memory for that many parallel takes (~0.7 GB each) and prepares their "
                                      "GPU graphs, so no later run waits for that."),
                 io.Combo.Input("download", options=DOWNLOAD_OPTIONS, default=NO_DOWNLOAD,
                                optional=True,
