@@ -1,16 +1,18 @@
 """Engine loads A/B: each load in a fresh process, the engine trees taking turns, each load followed by its
 first request.
 
-    python bench/load_ab.py --roots LABEL=DIR [LABEL=DIR ...] [--rounds 4] [--size 0.6b] --out DIR --name NAME
+    python bench/load_ab.py --roots LABEL=DIR [LABEL=DIR ...] [--rounds 4] [--takes 1] [--size 0.6b]
+                            --out DIR --name NAME
 
 A round loads once from each tree in turn, so a machine that slows down slows every tree alike. The first round
 may compile Triton kernels (a machine's first start) and is reported apart; the later ones find the cache
 warm, as a user's second start does. Per load: `Engine.load` with the node's defaults (bf16, CUDA graphs on,
 Triton auto), timed to a synchronised device; the process's CUDA start is timed apart (ComfyUI pays it at
-launch); then the first request, a one-take 40-frame line (3.2 s of audio). Three host timestamps split a load
-without any sync of their own: when the weights are in (graphs start), how long the codec's capture thread ran,
-and how long the load then waited for it. For where a load's time goes in detail, see load_profile.py. Prints a
-table; writes DIR/load_ab_NAME.json.
+launch); then the first two requests, a 40-frame line (3.2 s of audio) at one take, or with --takes N loaded as
+the loader node loads for max_takes N (warm_takes N where the tree has it) and run at N takes. Three host
+timestamps split a load without any sync of their own: when the weights are in (graphs start), how long the
+codec's capture thread ran, and how long the load then waited for it. For where a load's time goes in detail,
+see load_profile.py. Prints a table; writes DIR/load_ab_NAME.json.
 """
 from __future__ import annotations
 
