@@ -7,7 +7,8 @@
   * codec_after_frames: the whole-utterance codec decoded after the last frame instead of beside the frames;
   * script_params: the sampling settings of a request of exactly `frames` frames (EOS is disabled);
   * request_wall_s: the host seconds of one whole request of exactly `frames` frames;
-  * before_graphs: a callback at the point of Engine.load where the weights are in and the graphs begin.
+  * before_graphs: a callback at the point of Engine.load where the weights are in and the graphs begin;
+  * node_load_kwargs: Engine.load's arguments as the loader node passes them for a max_takes.
 """
 from __future__ import annotations
 
@@ -84,3 +85,14 @@ def before_graphs(fn) -> None:
         return enable(self, *args, **kwargs)
 
     Engine._enable_graphs = wrapped
+
+
+def node_load_kwargs(engine_cls, max_takes: int) -> dict:
+    """What nodes/engine_cache.py passes Engine.load for the loader's max_takes: that many takes, their graphs
+    captured at load (warm_takes; a tree from before it gets max_takes only, and captures at first use)."""
+    import inspect
+
+    kw = {"max_takes": max_takes}
+    if "warm_takes" in inspect.signature(engine_cls.load).parameters:
+        kw["warm_takes"] = max_takes
+    return kw

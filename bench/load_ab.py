@@ -16,7 +16,6 @@ see load_profile.py. Prints a table; writes DIR/load_ab_NAME.json.
 """
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import statistics
@@ -24,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine_probe import before_graphs, script_params
+from engine_probe import before_graphs, node_load_kwargs, script_params
 from gpu_bench import checkpoint
 from timing import gpu_tag, run_tree, tree_ab_args, tree_ab_parser
 
@@ -64,11 +63,7 @@ def worker(root: Path, ckpt: Path) -> dict:
     cuda_start_s = time.perf_counter() - t
     split = _split_load_times()
     takes = int(os.environ.get(TAKES_ENV, "1"))
-    load_kw = {}
-    if takes > 1:  # as the loader node loads for max_takes = takes (trees before warm_takes: a plain load)
-        load_kw["max_takes"] = takes
-        if "warm_takes" in inspect.signature(Engine.load).parameters:
-            load_kw["warm_takes"] = takes
+    load_kw = node_load_kwargs(Engine, takes) if takes > 1 else {}  # one take: the engine's own defaults
     t = time.perf_counter()
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto", **load_kw)
     torch.cuda.synchronize()
@@ -147,9 +142,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for label, rs in runs.items():
-        warm = [r["load_s"] for r in rs[1:]] or [rs[0]["load_s"]]
-        first = [1000 * r["first_request_s"] for r in rs[1:]] or [1000 * rs[0]["first_request_s"]]
-        later = rs[1:] or rs[:1]
+        later = rs[1:] or rs[:1]  # the warm-cache rounds (round 1 alone if that is all)
+        warm = [r["load_s"] for r in later]
+        first = [1000 * r["first_request_s"] for r in later]
         second = [1000 * r["second_request_s"] for r in later]
         total = [r["load_s"] + r["first_request_s"] for r in later]
         summary[label] = {"load_median_s": statistics.median(warm), "load_min_s": min(warm), "load_max_s": max(warm),

@@ -43,8 +43,7 @@ def frame_ms(runner, batch: int, window: int, pos: int, shared: int = 0) -> floa
     """GPU ms a frame of the (batch, window) graph replayed REPLAYS times from position pos (best of 3)."""
     def once(_):
         s = seat(runner, batch, pos)
-        rows = torch.arange(batch, device=s.share.device)
-        s.share[0].copy_(rows * 0 if shared else rows)
+        s.share[0].copy_(torch.zeros_like(s.rows) if shared else s.rows)
         s.share[1].fill_(min(shared, pos))
         return mean_gpu_ms(runner._graph(window).replay, REPLAYS, warm=False)  # the seated batch's graph
 

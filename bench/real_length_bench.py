@@ -24,13 +24,12 @@ runs it without the nvidia-smi sampler, for another).
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import time
 from pathlib import Path
 
-from engine_probe import script_params
+from engine_probe import node_load_kwargs, script_params
 from gpu_bench import TEXT, _patch_tf5_rope, checkpoint
 from real_length_script import FPS, script
 from timing import GcPauses, GpuClocks, gpu_tag, percentile, run_fresh
@@ -103,9 +102,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     # The loader node's defaults: max_takes 4, whose graphs the load captures (warm_takes, nodes/engine_cache.py;
     # trees before it captured a takes count's graphs at its first request). The engine modes of one take load
     # with the engine's own defaults; takes4 as the node does.
-    load_kw = {"max_takes": 4} if mode.startswith("node") or takes > 1 else {}
-    if load_kw and "warm_takes" in inspect.signature(Engine.load).parameters:
-        load_kw["warm_takes"] = 4
+    load_kw = node_load_kwargs(Engine, 4) if mode.startswith("node") or takes > 1 else {}
     t = time.perf_counter()
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto", **load_kw)
     torch.cuda.synchronize()

@@ -56,9 +56,10 @@ class FrameState:
         self.hidden = torch.zeros(batch, hidden, device=dev, dtype=dt)
         long = {"dtype": torch.long, "device": dev}
         self.pos = torch.zeros(batch, **long)  # cache position each row writes next
+        self.rows = torch.arange(batch, **long)  # each row's own index (read only)
         # [source row, shared length] a row: the talker attention reads positions below the length from the
         # source row's cache (identical K/V: one prompt's takes), so HBM serves a prompt's K/V once a frame.
-        self.share = torch.stack([torch.arange(batch, **long), torch.zeros(batch, **long)])
+        self.share = torch.stack([self.rows, torch.zeros(batch, **long)])
         self.t = torch.zeros(batch, **long)  # frames each row has produced
         self.limit = torch.zeros(batch, **long)  # each row's frame budget
         self.keys = torch.zeros(batch, **long)
@@ -69,7 +70,7 @@ class FrameState:
         self.frame = torch.zeros(batch, groups, dtype=torch.long, device=dev)
         self.trailing_rows = trailing_rows
         self.trailing = torch.zeros(batch * trailing_rows, hidden, device=dev, dtype=dt)  # row b from b * rows
-        self.trailing_start = torch.arange(batch, **long) * trailing_rows
+        self.trailing_start = self.rows * trailing_rows
         self.trailing_last = torch.zeros(batch, **long)
         self.pred_pos = [torch.tensor([j], device=dev) for j in range(groups)]
         self.pred_bias = [torch.where(torch.arange(groups, device=dev) <= j, 0.0, float("-inf")).to(dt)
@@ -322,7 +323,7 @@ class GraphedFrames:
         s.limit.zero_()
         s.t.zero_()
         s.pos.zero_()
-        s.share[0].copy_(torch.arange(bucket, device=s.share.device))
+        s.share[0].copy_(s.rows)
         s.share[1].zero_()
         self.share_prompts = not refills
         s.set_params(params, eos_id)
