@@ -75,8 +75,8 @@ class FrameChunk:
             yield
 
 
-def prefill_into(talker, prompt: Prompt, cache, slots) -> torch.Tensor:
-    """Run the prompt once at batch 1 and copy its K/V into rows `slots` of `cache` (ragged prefill: every
+def prefill_into(talker, prompt: Prompt, cache, slots: list) -> torch.Tensor:
+    """Run the prompt once at batch 1 and copy its K/V into rows `slots` (a list) of `cache` (ragged prefill: every
     row is prefilled exactly as it would be alone). Returns the last hidden state, [1, H]."""
     length = prompt.prefill.shape[1]
     single = talker.new_cache(1, length)
@@ -148,7 +148,7 @@ class EagerFrames:
 
     def admit(self, slots: list, prompt: Prompt, keys: torch.Tensor, max_frames: int) -> None:
         idx = torch.tensor(slots, device=self.hidden.device)
-        self.hidden[idx] = prefill_into(self.talker, prompt, self.cache, idx)
+        self.hidden[idx] = prefill_into(self.talker, prompt, self.cache, slots)
         self.keys[idx] = keys
         self.seen[idx] = False
         self.finished[idx] = False
@@ -192,6 +192,13 @@ class EagerFrames:
         return frame, valid
 
 
+def device_longs(values: list, device) -> torch.Tensor:
+    """A long tensor of `values` on `device`. On CUDA it goes through pinned memory without blocking: a copy
+    from pageable memory waits for all work queued on the stream (during a run, the frames queued ahead)."""
+    host = torch.tensor(values, dtype=torch.long)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
 def _admit(runner, host: SlotTable, rows: list, queue: deque, device, limit: int = 0) -> None:
     """Fill free slots (at most `limit`, 0 = all) from the queue; consecutive rows of one prompt (takes)
     share one prefill."""
@@ -206,7 +213,7 @@ def _admit(runner, host: SlotTable, rows: list, queue: deque, device, limit: int
             slot = free.pop(0)
             host.put(slot, k, rows[k].prompt.prefill.shape[1], rows[k].max_frames)
             group.append((slot, k))
-        keys = torch.tensor([rows[k].key for _, k in group], dtype=torch.long, device=device)
+        keys = device_longs([rows[k].key for _, k in group], device)
         runner.admit([s for s, _ in group], rows[first].prompt, keys, rows[first].max_frames)
 
 

@@ -287,6 +287,30 @@ def test_kv_cache_copy_rows_from():
         dst.copy_rows_from(src, 11)  # longer than the source
 
 
+def test_kv_cache_copy_into_chosen_rows():
+    """Rows given as a list, out of order and with gaps: each lands as the per-layer copy would, others stay."""
+    from engine.model.kv_cache import runs
+
+    assert runs([0, 1, 2, 5]) == [(0, 3), (5, 6)]
+    assert runs([3, 1, 2]) == [(3, 4), (1, 3)]
+    src = KVCache(2, 1, 2, 10, 4, torch.float32, "cpu")
+    for t in src.k + src.v:
+        t.normal_()
+    dst = KVCache(2, 5, 2, 12, 4, torch.float32, "cpu")
+    for t in dst.k + dst.v:
+        t.fill_(7.0)
+    dst.copy_rows_from(src, 5, rows=[4, 0, 1])
+    for s, d in zip(src.k + src.v, dst.k + dst.v):
+        for r in range(5):
+            if r in (0, 1, 4):
+                assert torch.equal(d[r, :, :5], s[0, :, :5])
+                assert torch.all(d[r, :, 5:] == 7.0)
+            else:
+                assert torch.all(d[r] == 7.0)
+    with pytest.raises(TypeError):
+        dst.copy_rows_from(src, 5, rows=torch.tensor([0]))  # a tensor index would cost a host sync
+
+
 @torch.no_grad()
 def test_cache_overflow_is_typed(models):
     from engine.errors import PromptTooLongError

@@ -19,7 +19,7 @@ import time
 import torch
 
 from .. import sampling
-from ..decode import prefill_into, trailing_table
+from ..decode import device_longs, prefill_into, trailing_table
 from . import graph_sampling
 from .buckets import bucket_for
 from .capture import capture
@@ -87,11 +87,19 @@ class FrameState:
             "sub_do_sample": torch.zeros((), dtype=torch.bool, device=dev), "sub_temperature": torch.ones((), **f32),
             "sub_top_k": torch.zeros((), dtype=torch.long, device=dev), "sub_top_p": torch.ones((), **f32),
         }
+        self.params_key = None  # what set_params last wrote
         self.first = {}  # bool [B, V], column 0 set: top-p always keeps the most likely id
         self.sub_vocab = talker.code_predictor.cfg.predictor.vocab_size
         for width in (vocab, self.sub_vocab):
             self.first[width] = torch.zeros(batch, width, dtype=torch.bool, device=dev)
             self.first[width][:, 0] = True
+
+    def index(self, slots: list) -> torch.Tensor:
+        """Rows `slots` as a device index, made without a blocking copy: a view of `rows` when they are
+        consecutive (a takes group always is), else a pinned copy queued on the stream."""
+        if list(slots) == list(range(slots[0], slots[0] + len(slots))):
+            return self.rows[slots[0]: slots[0] + len(slots)]
+        return device_longs(slots, self.rows.device)
 
     def small_state(self) -> list:
         """What one frame advances (the caches are rewritten at the same positions by a replay)."""
@@ -106,20 +114,24 @@ class FrameState:
             dst.copy_(src)
 
     def set_params(self, params, eos_id: int) -> None:
-        p = self.p
-        for name, value in (("do_sample", params.do_sample), ("temperature", params.temperature),
-                            ("top_k", graph_sampling.kth_index(params.top_k, self.banned.shape[0])),
-                            ("top_p", params.top_p),
-                            ("penalty", params.repetition_penalty), ("min_new", params.min_new_tokens),
-                            ("sub_do_sample", params.subtalker_dosample),
-                            ("sub_temperature", params.subtalker_temperature),
-                            ("sub_top_k", graph_sampling.kth_index(params.subtalker_top_k, self.sub_vocab)),
-                            ("sub_top_p", params.subtalker_top_p)):
-            p[name].fill_(value)
+        """Write the sampling settings into the buffers the graphs read; skipped when they already hold these
+        (nothing else writes them), which saves a dozen launches before most requests' first frame."""
+        values = (("do_sample", params.do_sample), ("temperature", params.temperature),
+                  ("top_k", graph_sampling.kth_index(params.top_k, self.banned.shape[0])),
+                  ("top_p", params.top_p),
+                  ("penalty", params.repetition_penalty), ("min_new", params.min_new_tokens),
+                  ("sub_do_sample", params.subtalker_dosample),
+                  ("sub_temperature", params.subtalker_temperature),
+                  ("sub_top_k", graph_sampling.kth_index(params.subtalker_top_k, self.sub_vocab)),
+                  ("sub_top_p", params.subtalker_top_p))
+        if self.params_key == (values, eos_id):
+            return
+        for name, value in values:
+            self.p[name].fill_(value)
         self.banned.copy_(sampling.control_mask(self.banned.shape[0], eos_id, self.banned.device))
         self.eos_mask.zero_()
         self.eos_mask[eos_id] = True
-
+        self.params_key = (values, eos_id)
 
 def projected_tables(talker) -> list | None:
     """small_to_mtp_projection (the 1.7B's talker-width -> predictor-width linear with bias) applied once, at
@@ -329,27 +341,30 @@ class GraphedFrames:
         s.set_params(params, eos_id)
 
     def admit(self, slots: list, prompt, keys: torch.Tensor, max_frames: int) -> None:
-        """Prefill `prompt` into rows `slots` (its takes) and reset their per-row state."""
+        """Prefill `prompt` into rows `slots` (its takes) and reset their per-row state. Nothing here waits
+        for the GPU: the host goes on to queue the first frames while the prefill runs."""
         s = self.s
-        idx = torch.tensor(slots, device=s.pos.device)
+        idx = s.index(slots)
         hidden = self.prefill_graphs.run(prompt, s.cache, slots) if self.prefill_graphs is not None else None
         if hidden is None:  # no prefill graph holds this prompt length (or capture is off)
-            hidden = prefill_into(self.talker, prompt, s.cache, idx)
-        s.hidden[idx] = hidden
-        s.pos[idx] = prompt.prefill.shape[1]
-        if self.share_prompts and len(slots) > 1:  # every take reads the prompt's K/V from the first's copy
-            s.share[0, idx] = slots[0]
-            s.share[1, idx] = prompt.prefill.shape[1]
+            hidden = prefill_into(self.talker, prompt, s.cache, slots)
+        n = len(slots)
+        length = prompt.prefill.shape[1]
+        s.hidden.index_copy_(0, idx, hidden.expand(n, -1))
+        s.pos.index_fill_(0, idx, length)
+        if self.share_prompts and n > 1:  # every take reads the prompt's K/V from the first's copy
+            s.share[0].index_fill_(0, idx, slots[0])
+            s.share[1].index_fill_(0, idx, length)
         # else each row keeps reading its own copy, as open() left it: without refills no slot is admitted twice
-        s.t[idx] = 0
-        s.limit[idx] = max_frames
-        s.keys[idx] = keys.to(s.keys.device)
-        s.seen[idx] = False
-        s.finished[idx] = False
+        s.t.index_fill_(0, idx, 0)
+        s.limit.index_fill_(0, idx, max_frames)
+        s.keys.index_copy_(0, idx, keys.to(s.keys.device))
+        s.seen.index_fill_(0, idx, False)
+        s.finished.index_fill_(0, idx, False)
         table = trailing_table(prompt, max_frames)
         for slot in slots:
             s.trailing[slot * s.trailing_rows: slot * s.trailing_rows + table.shape[0]] = table
-        s.trailing_last[idx] = table.shape[0] - 1
+        s.trailing_last.index_fill_(0, idx, table.shape[0] - 1)
 
     def _graph(self, window: int) -> torch.cuda.CUDAGraph:
         key = (self.s.batch, window)
