@@ -114,14 +114,34 @@ class PromptBuilder:
 
     def __init__(self, cfg: ModelConfig, talker, tokenizer):
         self.cfg, self.talker, self.tok = cfg, talker, tokenizer
+        # Embeddings of fixed ids (the text markers, the role tokens, codec tags and speakers), made once: every
+        # prompt repeats them, and each made anew cost a blocking host-to-device copy and a few launches before
+        # the prefill (~1 ms a request). Same ids through the same shapes give the same values.
+        self._fixed: dict[tuple, torch.Tensor] = {}
+
+    def _device(self) -> torch.device:
+        return self.talker.model.codec_embedding.weight.device
 
     def _ids(self, text: str) -> torch.Tensor:
-        dev = self.talker.model.codec_embedding.weight.device
-        return torch.tensor(self.tok.encode(text), dtype=torch.long, device=dev)
+        return torch.tensor(self.tok.encode(text), dtype=torch.long, device=self._device())
+
+    def _fixed_text(self, ids: tuple) -> torch.Tensor:
+        """embed_text of fixed token ids [len(ids), H] (read only: shared by every prompt)."""
+        key = ("text", ids)
+        if key not in self._fixed:
+            self._fixed[key] = self.talker.embed_text(torch.tensor(ids, dtype=torch.long, device=self._device()))
+        return self._fixed[key]
 
     def _codec(self, ids) -> torch.Tensor:
-        dev = self.talker.model.codec_embedding.weight.device
-        return self.talker.embed_codec(torch.as_tensor(ids, dtype=torch.long, device=dev))
+        """The codec embedding of `ids` [len(ids), H] (read only: shared by every prompt). A run of one id
+        (the pad under a text) is that id's row repeated, so lengths do not grow the table."""
+        ids = tuple(int(i) for i in ids)
+        if len(ids) > 1 and len(set(ids)) == 1:
+            return self._codec(ids[:1]).expand(len(ids), -1)
+        key = ("codec", ids)
+        if key not in self._fixed:
+            self._fixed[key] = self.talker.embed_codec(torch.tensor(ids, dtype=torch.long, device=self._device()))
+        return self._fixed[key]
 
     def frame_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
         """Sum of the 16 codebook embeddings of each frame, [R, 16] -> [R, H]."""
@@ -155,10 +175,7 @@ class PromptBuilder:
             notes.append(msg)
             instruct = ""
 
-        pad, bos, eos = self.talker.embed_text(
-            torch.tensor([cfg.tts_pad_token_id, cfg.tts_bos_token_id, cfg.tts_eos_token_id],
-                         device=self.talker.model.codec_embedding.weight.device)
-        ).unbind(0)
+        pad, bos, eos = self._fixed_text((cfg.tts_pad_token_id, cfg.tts_bos_token_id, cfg.tts_eos_token_id)).unbind(0)
 
         # Codec prefix: think tags (+ language), optional speaker slot, then pad and bos.
         tags = ([tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id] if lang_id is None
@@ -176,11 +193,11 @@ class PromptBuilder:
         codec_prefix = torch.cat(parts, 0)  # [n, H]
         n = codec_prefix.shape[0]
 
-        ids = self._ids(_template(text))
-        if ids.numel() < 9:
+        tokens = self.tok.encode(_template(text))
+        if len(tokens) < 9:
             raise InvalidInputError("the text produced no tokens; type the words to speak.")
-        role = self.talker.embed_text(ids[:3])
-        text_ids = ids[3:-5]
+        role = self._fixed_text(tuple(tokens[:3]))
+        text_ids = torch.tensor(tokens[3:-5], dtype=torch.long, device=self._device())
         head = torch.cat([pad.expand(n - 2, -1), bos[None]], 0) + codec_prefix[:-1]
         seq = [role, head]
         if instruct:

@@ -169,3 +169,23 @@ def test_takes_that_end_early_stop_contributing_audio(eos_checkpoint):
         if joined.numel():
             assert float((joined - whole.audio[i, : whole.lengths[i]]).abs().max()) <= 1e-5
         assert all(not c.audio[i].any() for c in chunks if c.valid[i] == 0)
+
+
+@pytest.mark.parametrize("non_streaming", [False, True])
+def test_prompt_fixed_pieces_are_made_once_and_change_nothing(custom, non_streaming):
+    """The builder keeps the embeddings of fixed ids (markers, role, tags, speakers); prompts of new lengths add
+    nothing to it, and every prompt equals one built from scratch by a builder that kept nothing."""
+    from engine.prompt import PromptBuilder
+
+    builder = custom.builder
+    texts = ["Short.", "A somewhat longer line, with a few more words in it to speak.", "Short."]
+    built = [builder.build(req(t, non_streaming_mode=non_streaming)) for t in texts[:1]]
+    size = len(builder._fixed)
+    built += [builder.build(req(t, non_streaming_mode=non_streaming)) for t in texts[1:]]
+    assert len(builder._fixed) == size  # lengths do not grow it
+    for text, prompt in zip(texts, built):
+        fresh = PromptBuilder(builder.cfg, builder.talker, builder.tok)
+        fresh = fresh.build(req(text, non_streaming_mode=non_streaming))
+        assert torch.equal(prompt.prefill, fresh.prefill)
+        assert torch.equal(prompt.trailing, fresh.trailing)
+        assert torch.equal(prompt.pad_embed, fresh.pad_embed)
