@@ -9,7 +9,7 @@ one item, then results_audio), and stamps each request by wrapping the engine's 
     host, generate_batch's return and the AUDIO made;
   * GPU (CUDA events): the request's start, the prefill's end, the last frame, the audio ready;
   * the main thread's own counters (getrusage RUSAGE_THREAD): CPU seconds, minor page faults, voluntary and
-    involuntary context switches; and Python's collections.
+    involuntary context switches; and Python's collections (timing.GcPauses).
 A request whose overhead spikes then shows whether the host computed (CPU time), faulted pages, was
 preempted (involuntary switches), or waited for a GPU that was slow (GPU spans). Overhead is the
 real-length benchmark's: wall - frames x steady ms a frame, the steady figure measured the same way after
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gc
 import json
 import resource
 import sys
@@ -36,7 +35,7 @@ from engine_probe import node_load_kwargs, script_params
 from gpu_bench import checkpoint
 from real_length_bench import SPEAKER, STEADY_TEXT, _steady
 from real_length_script import script
-from timing import percentile
+from timing import GcPauses, percentile
 
 
 def thread_usage() -> dict:
@@ -47,20 +46,11 @@ def thread_usage() -> dict:
 
 class Probe:
     def __init__(self):
-        self._gc_t = None
         self.prof = None  # a cProfile.Profile run from each request's start to its first admission (--cprofile)
-        gc.callbacks.append(self._gc)
         self.reset()
 
-    def _gc(self, phase, info):
-        if phase == "start":
-            self._gc_t = time.perf_counter()
-        elif self._gc_t is not None:
-            self.gc_ms += 1000 * (time.perf_counter() - self._gc_t)
-            self._gc_t = None
-
     def reset(self):
-        self.host, self.events, self.chunks, self.gc_ms = {}, {}, [], 0.0
+        self.host, self.events, self.chunks = {}, {}, []
 
     def mark(self, name, event=False):
         self.host[name] = time.perf_counter()
@@ -150,6 +140,7 @@ def main() -> None:
         return res
 
     rows = []
+    pauses = GcPauses().__enter__()  # collections in each request, to the end of the process
     for i, (lang, text, frames) in enumerate(script()):
         probe.reset()
         u0 = thread_usage()
@@ -167,7 +158,7 @@ def main() -> None:
         row = {"i": i, "frames": res.stats["frames"], "tokens": res.stats["prompt_tokens"], "wall_ms": 1000 * (t1 - t0),
                "host_ms": {k: 1000 * (v - t0) for k, v in h.items()}, "gpu_ms": gpu,
                "chunks": len(probe.chunks), "chunk_gap_max_ms": max(gaps, default=0.0),
-               "usage": {k: u1[k] - u0[k] for k in u0}, "gc_ms": probe.gc_ms}
+               "usage": {k: u1[k] - u0[k] for k in u0}, "gc_ms": pauses.during(t0, t1).get("ms", 0.0)}
         rows.append(row)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
                           if k not in ("host_ms", "gpu_ms")}), flush=True)

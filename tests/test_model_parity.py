@@ -266,13 +266,19 @@ def test_batch_rows_equal_batch_one(models):
     assert MAX_DIFFS[f"{variant} predictor batch4 vs batch1 logits"] < 1e-5
 
 
-def test_kv_cache_copy_rows_from():
-    src = KVCache(3, 1, 2, 10, 4, torch.float32, "cpu")
+def _source_and_sevens(layers: int, rows: int) -> tuple:
+    """A batch-1 cache of random K/V (10 positions) and a `rows`-row one (12 positions) full of 7.0."""
+    src = KVCache(layers, 1, 2, 10, 4, torch.float32, "cpu")
     for t in src.k + src.v:
         t.normal_()
-    dst = KVCache(3, 4, 2, 12, 4, torch.float32, "cpu")
+    dst = KVCache(layers, rows, 2, 12, 4, torch.float32, "cpu")
     for t in dst.k + dst.v:
         t.fill_(7.0)
+    return src, dst
+
+
+def test_kv_cache_copy_rows_from():
+    src, dst = _source_and_sevens(3, 4)
     dst.copy_rows_from(src, 6)
     for s, d in zip(src.k + src.v, dst.k + dst.v):
         assert d.shape == (4, 2, 12, 4)
@@ -293,12 +299,7 @@ def test_kv_cache_copy_into_chosen_rows():
 
     assert runs([0, 1, 2, 5]) == [(0, 3), (5, 6)]
     assert runs([3, 1, 2]) == [(3, 4), (1, 3)]
-    src = KVCache(2, 1, 2, 10, 4, torch.float32, "cpu")
-    for t in src.k + src.v:
-        t.normal_()
-    dst = KVCache(2, 5, 2, 12, 4, torch.float32, "cpu")
-    for t in dst.k + dst.v:
-        t.fill_(7.0)
+    src, dst = _source_and_sevens(2, 5)
     dst.copy_rows_from(src, 5, rows=[4, 0, 1])
     for s, d in zip(src.k + src.v, dst.k + dst.v):
         for r in range(5):

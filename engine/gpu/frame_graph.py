@@ -133,6 +133,7 @@ class FrameState:
         self.eos_mask[eos_id] = True
         self.params_key = (values, eos_id)
 
+
 def projected_tables(talker) -> list | None:
     """small_to_mtp_projection (the 1.7B's talker-width -> predictor-width linear with bias) applied once, at
     load, to every embedding table whose rows feed the predictor: the talker's codec table (c0) and codebooks
