@@ -8,7 +8,8 @@
   * script_params: the sampling settings of a request of exactly `frames` frames (EOS is disabled);
   * request_wall_s: the host seconds of one whole request of exactly `frames` frames;
   * before_graphs: a callback at the point of Engine.load where the weights are in and the graphs begin;
-  * node_load_kwargs: Engine.load's arguments as the loader node passes them for a max_takes.
+  * node_load_kwargs: Engine.load's arguments as the loader node passes them for a max_takes;
+  * node_generate: what a generator node runs for a one-segment line.
 """
 from __future__ import annotations
 
@@ -96,3 +97,14 @@ def node_load_kwargs(engine_cls, max_takes: int) -> dict:
     if "warm_takes" in inspect.signature(engine_cls.load).parameters:
         kw["warm_takes"] = max_takes
     return kw
+
+
+def node_generate(eng, req, takes: int, seed: int, params):
+    """What a generator node runs for a one-segment line (nodes/runner.py Job.generate, without ComfyUI's
+    progress bar): generate_batch of one item, then its AUDIO (results_audio: a tree from d650cc2 on)."""
+    from engine import BatchItem
+    from nodes.audio_utils import results_audio  # no ComfyUI imports
+
+    res = eng.generate_batch([BatchItem(req, takes=takes, seed=seed)], params=params)[0]
+    results_audio([res], eng.sample_rate, {"node": "bench", "seed": seed, "first_take": 0})
+    return res

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from engine_probe import node_load_kwargs, script_params
+from engine_probe import node_generate, node_load_kwargs, script_params
 from gpu_bench import checkpoint
 from real_length_bench import SPEAKER, STEADY_TEXT, _steady
 from real_length_script import script
@@ -63,6 +63,7 @@ class Probe:
 def install(probe: Probe) -> None:
     import engine.decode as D
     import engine.engine as E
+    import nodes.audio_utils as A
     from engine.gpu import codec_overlap
 
     batch_rows, admit, touching = E.Engine._batch_rows, D._admit, E.touching
@@ -100,6 +101,13 @@ def install(probe: Probe) -> None:
         probe.mark("audio_host")
         return out
 
+    results_audio = A.results_audio
+
+    def _results_audio(*a, **k):  # engine_probe.node_generate: generate_batch has returned
+        probe.mark("returned")
+        return results_audio(*a, **k)
+
+    A.results_audio = _results_audio
     E.Engine._batch_rows, D._admit, E.touching = _batch_rows, _admit, _touching
     codec_overlap.OverlappedDecode.finish, E.Engine._slots_to_audio = _finish, _slots_to_audio
 
@@ -116,8 +124,7 @@ def main() -> None:
     if args.variant == "threads1":
         torch.set_num_threads(1)
 
-    from engine import BatchItem, Engine, Request
-    from nodes.audio_utils import results_audio
+    from engine import Engine, Request
 
     torch.zeros(1, device="cuda")
     t = time.perf_counter()
@@ -132,12 +139,9 @@ def main() -> None:
 
         probe.prof = cProfile.Profile()
 
-    def node_generate(text, lang, frames, seed):
+    def node_line(text, lang, frames, seed):
         req = Request(mode="custom", text=text, language=lang, speaker=SPEAKER)
-        res = eng.generate_batch([BatchItem(req, takes=args.takes, seed=seed)], params=script_params(eng, frames))[0]
-        probe.mark("returned")
-        results_audio([res], eng.sample_rate, {"node": "bench", "seed": seed, "first_take": 0})
-        return res
+        return node_generate(eng, req, args.takes, seed, script_params(eng, frames))
 
     rows = []
     pauses = GcPauses().__enter__()  # collections in each request, to the end of the process
@@ -148,7 +152,7 @@ def main() -> None:
         probe.mark("start", event=True)
         if probe.prof is not None:
             probe.prof.enable()
-        res = node_generate(text, lang, frames, i)
+        res = node_line(text, lang, frames, i)
         t1 = time.perf_counter()
         u1 = thread_usage()
         torch.cuda.synchronize()
@@ -170,7 +174,7 @@ def main() -> None:
         for key in ("tottime", "cumulative"):
             pstats.Stats(probe.prof).sort_stats(key).print_stats(40)
         probe.prof = None
-    steady, walls = _steady(lambda n: timed(node_generate, STEADY_TEXT, "English", n, 0))
+    steady, walls = _steady(lambda n: timed(node_line, STEADY_TEXT, "English", n, 0))
     for r in rows:
         r["overhead_ms"] = r["wall_ms"] - r["frames"] * steady
         h, g = (collections.defaultdict(lambda: float("nan"), d) for d in (r["host_ms"], r["gpu_ms"]))

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine_probe import node_load_kwargs, script_params
+from engine_probe import node_generate, node_load_kwargs, script_params
 from gpu_bench import TEXT, _patch_tf5_rope, checkpoint
 from real_length_script import FPS, script
 from timing import GcPauses, GpuClocks, gpu_tag, percentile, run_fresh
@@ -108,16 +108,6 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t
 
-    def node_generate(req, seed, params):
-        """What a generator node runs for a one-segment line (nodes/runner.py Job.generate, without ComfyUI's
-        progress bar): generate_batch of one item, then its AUDIO (results_audio: a tree from d650cc2 on; the
-        other modes run any tree)."""
-        from nodes.audio_utils import results_audio  # no ComfyUI imports
-
-        res = eng.generate_batch([BatchItem(req, takes=takes, seed=seed)], params=params)[0]
-        results_audio([res], eng.sample_rate, {"node": "bench", "seed": seed, "first_take": 0})
-        return res
-
     def node_stream(req, seed, params):
         """What the StreamChunks node runs for a one-segment line at its default chunk_size 8 (nodes/runner.py
         Job.stream, without ComfyUI's progress bar and the browser messages): stream_batch of one item, first
@@ -156,7 +146,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
             extra = {}
         else:
             if mode.startswith("node"):
-                res = node_generate(req, seed, script_params(eng, frames))
+                res = node_generate(eng, req, takes, seed, script_params(eng, frames))
             else:
                 res = eng.generate(req, takes=takes, seed=seed, params=script_params(eng, frames))
             wall = time.perf_counter() - t0

@@ -85,6 +85,13 @@ def prefill_into(talker, prompt: Prompt, cache, slots: list) -> torch.Tensor:
     return hidden
 
 
+def device_longs(values: list, device) -> torch.Tensor:
+    """A long tensor of `values` on `device`. On CUDA it goes through pinned memory without blocking: a copy
+    from pageable memory waits for all work queued on the stream (during a run, the frames queued ahead)."""
+    host = torch.tensor(values, dtype=torch.long)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
 def trailing_table(prompt: Prompt, max_frames: int) -> torch.Tensor:
     """Trailing text rows followed by one pad row: row min(t, T) is the text added at step t. Steps t <
     max_frames read at most rows 0..max_frames, so text beyond that is left out (every runner can hold it)."""
@@ -147,7 +154,7 @@ class EagerFrames:
         self.pred_cache = self.predictor.new_cache(slots)
 
     def admit(self, slots: list, prompt: Prompt, keys: torch.Tensor, max_frames: int) -> None:
-        idx = torch.tensor(slots, device=self.hidden.device)
+        idx = device_longs(slots, self.hidden.device)
         self.hidden[idx] = prefill_into(self.talker, prompt, self.cache, slots)
         self.keys[idx] = keys
         self.seen[idx] = False
@@ -190,13 +197,6 @@ class EagerFrames:
         start = positions[0] if len(set(positions)) == 1 else positions  # one shared position: one batched step
         self.hidden = self.talker.forward_hidden(x[:, None], self.cache, start)[:, 0]
         return frame, valid
-
-
-def device_longs(values: list, device) -> torch.Tensor:
-    """A long tensor of `values` on `device`. On CUDA it goes through pinned memory without blocking: a copy
-    from pageable memory waits for all work queued on the stream (during a run, the frames queued ahead)."""
-    host = torch.tensor(values, dtype=torch.long)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 def _admit(runner, host: SlotTable, rows: list, queue: deque, device, limit: int = 0) -> None:

@@ -20,6 +20,7 @@ from .errors import (
     PromptTooLongError,
     UnsupportedConfigError,
 )
+from .gpu.buckets import warm_buckets
 from .host_audio import HostAudio, touching
 from .prompt import MODE_OF_MODEL, Prompt, PromptBuilder, Request, expected_frames
 from .sampling import MAX_NEW_TOKENS, SEED_MAX, SamplingParams, check_take_range
@@ -146,13 +147,6 @@ def _pad_rows(waves: list, lengths: list) -> torch.Tensor:
     for i, (wav, n) in enumerate(zip(waves, samples)):
         out[i, :n] = wav[:n]
     return out
-
-
-def warm_buckets(warm_takes: int) -> list:
-    """The batch buckets whose graphs a load captures: one take's, and that of warm_takes rows."""
-    from .gpu.buckets import batch_bucket
-
-    return sorted({1, batch_bucket(warm_takes)})
 
 
 class Engine:

@@ -125,12 +125,16 @@ class PromptBuilder:
     def _ids(self, text: str) -> torch.Tensor:
         return torch.tensor(self.tok.encode(text), dtype=torch.long, device=self._device())
 
+    def _once(self, embed, ids: tuple) -> torch.Tensor:
+        """embed(ids) [len(ids), H], made at the first call and then shared by every prompt (read only)."""
+        key = (embed.__name__, ids)
+        if key not in self._fixed:
+            self._fixed[key] = embed(torch.tensor(ids, dtype=torch.long, device=self._device()))
+        return self._fixed[key]
+
     def _fixed_text(self, ids: tuple) -> torch.Tensor:
         """embed_text of fixed token ids [len(ids), H] (read only: shared by every prompt)."""
-        key = ("text", ids)
-        if key not in self._fixed:
-            self._fixed[key] = self.talker.embed_text(torch.tensor(ids, dtype=torch.long, device=self._device()))
-        return self._fixed[key]
+        return self._once(self.talker.embed_text, ids)
 
     def _codec(self, ids) -> torch.Tensor:
         """The codec embedding of `ids` [len(ids), H] (read only: shared by every prompt). A run of one id
@@ -138,10 +142,7 @@ class PromptBuilder:
         ids = tuple(int(i) for i in ids)
         if len(ids) > 1 and len(set(ids)) == 1:
             return self._codec(ids[:1]).expand(len(ids), -1)
-        key = ("codec", ids)
-        if key not in self._fixed:
-            self._fixed[key] = self.talker.embed_codec(torch.tensor(ids, dtype=torch.long, device=self._device()))
-        return self._fixed[key]
+        return self._once(self.talker.embed_codec, ids)
 
     def frame_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
         """Sum of the 16 codebook embeddings of each frame, [R, 16] -> [R, H]."""

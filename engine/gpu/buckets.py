@@ -14,6 +14,11 @@ def batch_bucket(rows: int) -> int:
     raise ValueError(f"at most {BATCH_BUCKETS[-1]} rows fit a graph bucket (got {rows})")
 
 
+def warm_buckets(warm_takes: int) -> list:
+    """The batch buckets whose graphs a load captures: one take's, and that of warm_takes rows."""
+    return sorted({1, batch_bucket(warm_takes)})
+
+
 def bucket_for(rows: int, captured, warm) -> int:
     """The bucket a run of `rows` rows uses: its own if its graphs exist (`captured`), else the smallest of the
     buckets the load captured (`warm`) that holds the rows, so the request waits for no capture; else its own,

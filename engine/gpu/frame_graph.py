@@ -20,6 +20,7 @@ import torch
 
 from .. import sampling
 from ..decode import device_longs, prefill_into, trailing_table
+from ..model.kv_cache import runs
 from . import graph_sampling
 from .buckets import bucket_for
 from .capture import capture
@@ -97,8 +98,9 @@ class FrameState:
     def index(self, slots: list) -> torch.Tensor:
         """Rows `slots` as a device index, made without a blocking copy: a view of `rows` when they are
         consecutive (a takes group always is), else a pinned copy queued on the stream."""
-        if list(slots) == list(range(slots[0], slots[0] + len(slots))):
-            return self.rows[slots[0]: slots[0] + len(slots)]
+        spans = runs(slots)
+        if len(spans) == 1:
+            return self.rows[spans[0][0]: spans[0][1]]
         return device_longs(slots, self.rows.device)
 
     def small_state(self) -> list:
