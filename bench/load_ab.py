@@ -2,7 +2,7 @@
 first request.
 
     python bench/load_ab.py --roots LABEL=DIR [LABEL=DIR ...] [--rounds 4] [--takes 1] [--size 0.6b]
-                            --out DIR --name NAME
+                            [--env LABEL:NAME=VALUE ...] --out DIR --name NAME
 
 A round loads once from each tree in turn, so a machine that slows down slows every tree alike. The first round
 may compile Triton kernels (a machine's first start) and is reported apart; the later ones find the cache
@@ -11,8 +11,11 @@ Triton auto), timed to a synchronised device; the process's CUDA start is timed 
 launch); then the first two requests, a 40-frame line (3.2 s of audio) at one take, or with --takes N loaded as
 the loader node loads for max_takes N (warm_takes N where the tree has it) and run at N takes. Three host
 timestamps split a load without any sync of their own: when the weights are in (graphs start), how long the
-codec's capture thread ran, and how long the load then waited for it. For where a load's time goes in detail,
-see load_profile.py. Prints a table; writes DIR/load_ab_NAME.json.
+codec's capture threads ran, and how long the load then waited for them. Each load's steps are also kept as
+host-clock spans with their threads (load_trace.py: its critical path, printed per load). --env runs a label's
+workers with an environment variable of their own: a variant of the same tree, or one of load_trace's
+diagnosis switches (the codec's captures on the main thread, a stack sampler, cProfile). For a profile with a
+sync per step, see load_profile.py. Prints a table; writes DIR/load_ab_NAME.json.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from engine_probe import before_graphs, node_load_kwargs, script_params
 from gpu_bench import checkpoint
+from load_trace import apply_switches, profile_tables, record_spans, span_summary
 from timing import gpu_tag, run_tree, tree_ab_args, tree_ab_parser
 
 FIRST_FRAMES = 40
@@ -62,12 +66,25 @@ def worker(root: Path, ckpt: Path) -> dict:
     torch.cuda.synchronize()
     cuda_start_s = time.perf_counter() - t
     split = _split_load_times()
+    spans = record_spans()
+    sampler, profile = apply_switches()
     takes = int(os.environ.get(TAKES_ENV, "1"))
     load_kw = node_load_kwargs(Engine, takes) if takes > 1 else {}  # one take: the engine's own defaults
     t = time.perf_counter()
+    if sampler:
+        sampler.start()
+    if profile:
+        profile.enable()
     eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton="auto", **load_kw)
     torch.cuda.synchronize()
+    if profile:
+        profile.disable()
     load_s = time.perf_counter() - t
+    stacks = sampler.stop() if sampler else []
+    if profile:
+        split.update(profile_tables(profile))
+    spans = [{**sp, "start_s": sp["start_s"] - t, "end_s": sp["end_s"] - t} for sp in spans]
+    split.pop("codec_threads_from", None)
     if "graphs_at" in split:  # a host timestamp taken inside the load (no sync of its own)
         split["weights_s"] = split.pop("graphs_at") - t
     memory = {"reserved_gb": torch.cuda.memory_reserved() / 1e9, "allocated_gb": torch.cuda.memory_allocated() / 1e9,
@@ -82,7 +99,7 @@ def worker(root: Path, ckpt: Path) -> dict:
     second_request_s = time.perf_counter() - t
     return {"cuda_start_s": cuda_start_s, "load_s": load_s, "takes": takes, "first_request_s": first_request_s,
             "second_request_s": second_request_s, **memory,
-            **split, "notes": eng.info.notes}
+            **split, "spans": spans, "stacks": stacks, "notes": eng.info.notes}
 
 
 def _split_load_times() -> dict:
@@ -97,12 +114,14 @@ def _split_load_times() -> dict:
         return split
     run, join = _Beside._run, _Beside.join
 
-    def timed_run(self, *a, **k):
+    def timed_run(self, *a, **k):  # one call per capture thread: from the first start to the last end
         t = time.perf_counter()
+        split.setdefault("codec_threads_from", t)
         try:
             return run(self, *a, **k)
         finally:
-            split["codec_thread_s"] = time.perf_counter() - t
+            split["codec_thread_s"] = time.perf_counter() - split["codec_threads_from"]
+            split["codec_threads"] = split.get("codec_threads", 0) + 1
 
     def timed_join(self):
         t = time.perf_counter()
@@ -120,15 +139,29 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--takes", type=int, default=1, help="load for this many takes (max_takes, and warm_takes where "
                     "the tree has it, as the loader node does) and run the first requests at that many")
+    ap.add_argument("--env", action="append", default=[], metavar="LABEL:NAME=VALUE",
+                    help="an environment variable for LABEL's workers only (a variant of the same tree)")
     args, roots = tree_ab_args(ap, worker)
     os.environ[TAKES_ENV] = str(args.takes)  # the fresh worker processes inherit it
+    extra = {}
+    for spec in args.env:
+        label, assignment = spec.split(":", 1)
+        name, value = assignment.split("=", 1)
+        extra.setdefault(label, {})[name] = value
     import torch
 
     ckpt = checkpoint(args.size)
     runs = {label: [] for label in roots}
     for i in range(args.rounds):
         for label, root in roots.items():
-            r = run_tree(__file__, label, root, ckpt)
+            saved = dict(os.environ)
+            os.environ.update(extra.get(label, {}))
+            try:
+                r = run_tree(__file__, label, root, ckpt)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            r["env"] = extra.get(label, {})
             r["round"] = i
             runs[label].append(r)
             print(f"round {i} {label:10s} load {r['load_s']:.2f} s (weights {r.get('weights_s', 0):.2f}, codec thread "
@@ -136,6 +169,12 @@ def main() -> None:
                   f"{r['first_request_s'] * 1e3:.0f} / {r['second_request_s'] * 1e3:.0f} ms at {args.takes} takes, "
                   f"reserved / allocated {r['reserved_gb']:.2f} / "
                   f"{r['allocated_gb']:.2f} GB", flush=True)
+            print(span_summary(r["spans"], r["load_s"]), flush=True)
+            for key in ("profile_tottime", "profile_cumulative"):
+                if key in r:
+                    print(r[key][-6000:])
+            for st in r.get("stacks", [])[:30]:
+                print(f"      {st['samples']:5d} {st['thread']:17s} {st['engine']:50s} {st['leaf']}")
     print(f"\n{args.size}, {torch.cuda.get_device_name(0)}, rounds 2..{args.rounds} (warm Triton cache)\n")
     print(f"| tree | loads | load median s | load min-max s | over 3 s | first / second request median ms "
           f"({args.takes} takes) | load + first request median s | round 1 load s |")
