@@ -291,7 +291,8 @@ class Engine:
             self.info.notes.append(f"codec CUDA graphs: capture failed ({codec.failure}); the codec decodes eagerly")
             return
         self.info.notes.append(f"codec CUDA graphs: on ({codec.captures} piece graphs of 1-32 frames for {rows} rows "
-                               f"captured in {codec.capture_seconds:.2f} s beside the talker's loading; up to "
+                               f"captured beside the talker's loading, a thread for each row count, "
+                               f"{codec.capture_seconds:.2f} s of captures in all; up to "
                                f"{self.warm_takes} takes run on these, more capture theirs before their first "
                                "request decodes)")
 

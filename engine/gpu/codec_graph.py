@@ -67,8 +67,9 @@ class CodecGraphs:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.prefixes: OrderedDict = OrderedDict()  # (bucket, reference key) -> state snapshot
         self._owners: dict[int, weakref.ref] = {}
-        self.pool = None
-        self.capture_seconds = 0.0
+        self.pools: dict[int, tuple] = {}  # a graph pool per bucket: the load captures its buckets side by side
+        self._lock = threading.Lock()  # the bookkeeping that capture threads share
+        self.capture_seconds = 0.0  # summed over captures (threads side by side count each)
         self.late_captures = 0  # captures outside precapture(), i.e. while a request ran
         self.replays = 0
         self.eager_pieces = 0
@@ -95,7 +96,7 @@ class CodecGraphs:
         self.states.clear()
         self.prefixes.clear()
         self._owners.clear()
-        self.pool = None
+        self.pools.clear()
         self.capture_enabled = False  # a decoder still holding a state keeps working, eagerly
 
     # -- states --------------------------------------------------------------------------------
@@ -143,14 +144,15 @@ class CodecGraphs:
     # -- capture -------------------------------------------------------------------------------
 
     def precapture_beside(self, buckets) -> None:
-        """Start precapture(buckets) on a thread and return: at load it runs while the talker's weights are read
+        """Start precapture(buckets) on threads and return: at load it runs while the talker's weights are read
         (the codec's first eager frame, its library start-up and per-shape plans, and its captures took 0.9-1.5
-        s of a 2.9-3.2 s load, bench/results/codec_conv_h100.md). acquire, precapture and release wait for it."""
+        s of a 2.9-3.2 s load, bench/results/codec_conv_h100.md), each bucket on a thread of its own (_Beside).
+        acquire, precapture and release wait for them."""
         self.warm_buckets = tuple(buckets)
         self._beside = _Beside(self, buckets)
 
     def settle(self) -> None:
-        """Wait for precapture_beside's thread, if one runs (and this is not it); its error, if any, is raised here."""
+        """Wait for precapture_beside's threads, if they run (and this is not one); an error is raised here."""
         beside = self._beside
         if beside is None or beside.is_running_here():
             return
@@ -179,9 +181,11 @@ class CodecGraphs:
         codes = torch.zeros(bucket, self.decoder.cfg.num_quantizers, frames, dtype=torch.long,
                             device=state.frames.device)
         try:
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            graph, wav = capture_graph(lambda: self.decoder(codes, state, check=False), self.pool)
+            with self._lock:
+                if bucket not in self.pools:
+                    self.pools[bucket] = torch.cuda.graph_pool_handle()
+                pool = self.pools[bucket]
+            graph, wav = capture_graph(lambda: self.decoder(codes, state, check=False), pool)
         except Exception as exc:  # noqa: BLE001  any failure: say so once, then decode eagerly
             self.failure = f"{type(exc).__name__}: {exc}"
             log.warning("codec CUDA graph capture failed (%d rows, %d-frame pieces: %s); decoding eagerly",
@@ -189,8 +193,9 @@ class CodecGraphs:
             return False
         finally:
             state.restore(saved)  # the warm-up decodes must not advance the real state
-        self.graphs[key] = (graph, codes, wav)
-        self.capture_seconds += time.perf_counter() - t0
+        with self._lock:
+            self.graphs[key] = (graph, codes, wav)
+            self.capture_seconds += time.perf_counter() - t0
         return True
 
     # -- decoding ------------------------------------------------------------------------------
@@ -297,30 +302,51 @@ class _Owner:
 
 
 class _Beside:
-    """CodecGraphs.precapture on a thread of its own, on a stream of its own (the thread's work is ordered after
-    the work already queued on the caller's stream, where the codec's weights were copied)."""
+    """CodecGraphs.precapture at load, on threads of their own, each on a stream of its own (their work is
+    ordered after the work queued on the caller's stream so far, where the codec's weights were copied).
+
+    The first bucket's thread decodes that bucket's first eager frame, where the libraries start (cuDNN,
+    cuBLAS, the snake kernel's load: ~0.9 s on an H100 beside the talker's loading), then starts a thread for
+    each other bucket and captures its own pieces. With one thread for one take's and the 4-row pieces, as
+    the loader node loads for max_takes 4, that thread was the load's last step: the load waited 0.2-1.9 s
+    for it. With a thread a bucket it never waited, and loads took 0.1-0.2 s less on average and at most
+    3.44 s against 4.13 (bench/results/load_takes4.md). Each bucket has its own graph pool: graphs
+    captured at the same time must not share one."""
 
     def __init__(self, graphs: CodecGraphs, buckets):
         self.device = graphs._device()
-        self.stream = torch.cuda.Stream(self.device)
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(graphs, list(buckets)), name="codec-precapture",
-                                       daemon=True)
-        self.thread.start()
+        self.ready = torch.cuda.Event()
+        self.ready.record(torch.cuda.current_stream(self.device))
+        self.errors: list[BaseException] = []
+        self.threads: list[tuple[threading.Thread, torch.cuda.Stream]] = []
+        first, *rest = list(buckets)
+        self._start(graphs, first, rest)
 
-    def _run(self, graphs: CodecGraphs, buckets) -> None:
+    def _start(self, graphs: CodecGraphs, bucket: int, then: list) -> None:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_event(self.ready)
+        thread = threading.Thread(target=self._run, args=(graphs, bucket, then, stream), name="codec-precapture",
+                                  daemon=True)
+        self.threads.append((thread, stream))
+        thread.start()
+
+    def _run(self, graphs: CodecGraphs, bucket: int, then: list, stream: torch.cuda.Stream) -> None:
         try:
-            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-                graphs.precapture(buckets)
+            with torch.cuda.device(self.device), torch.cuda.stream(stream):
+                graphs.state(bucket)  # the libraries' start-up, once, before other threads start
+                for other in then:
+                    self._start(graphs, other, [])
+                graphs.precapture([bucket])
         except BaseException as exc:  # noqa: BLE001  handed to the thread that joins
-            self.error = exc
+            self.errors.append(exc)
 
     def is_running_here(self) -> bool:
-        return threading.current_thread() is self.thread
+        return any(threading.current_thread() is t for t, _ in self.threads)
 
     def join(self) -> None:
-        self.thread.join()
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        if self.error is not None:
-            raise self.error
+        self.threads[0][0].join()  # the first thread starts the others before it ends: the list is whole now
+        for thread, stream in self.threads:
+            thread.join()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self.errors:
+            raise self.errors[0]

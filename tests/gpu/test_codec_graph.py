@@ -270,6 +270,30 @@ def test_load_captures_codec_beside_talker(tiny_checkpoints, monkeypatch):
     eng.release()
 
 
+def test_each_warm_bucket_is_captured_on_a_thread_of_its_own(tiny_checkpoints, monkeypatch):
+    """At warm_takes 4 the 4-row pieces are captured on their own thread, started by the one-take thread once the
+    libraries are up (its first eager frame), and the load waits for both."""
+    seen = {}
+    real = CodecGraphs.capture
+
+    def watch(self, bucket, frames):
+        if (bucket, frames) not in self.graphs:  # a real capture (precapture on the main thread finds them made)
+            seen.setdefault(bucket, set()).add(threading.current_thread())
+        return real(self, bucket, frames)
+
+    monkeypatch.setattr(CodecGraphs, "capture", watch)
+    eng = Engine.load(tiny_checkpoints["custom_voice"], device="cuda", dtype="fp32", cuda_graphs="on",
+                      max_takes=4, warm_takes=4, max_seq_len=512)
+    try:
+        assert set(seen) == {1, 4} and all(len(threads) == 1 for threads in seen.values())
+        one, four = seen[1].pop(), seen[4].pop()
+        assert one is not four and one.name == four.name == "codec-precapture"
+        assert not _precapture_threads() and eng.codec_graphs._beside is None
+        assert set(eng.codec_graphs.graphs) == {(b, k) for b in (1, 4) for k in PIECES}
+    finally:
+        eng.release()
+
+
 def test_codec_thread_error_reaches_the_load(tiny_checkpoints, monkeypatch):
     """An error on the codec's thread is raised where the load needs the codec: auto falls back to eager with a
     note, on raises a typed error."""
@@ -306,7 +330,7 @@ def test_release_drops_codec_graphs(tiny_checkpoints):
     graphs = eng.codec_graphs
     assert graphs is not None and graphs.graphs
     eng.release()
-    assert eng.codec_graphs is None and not graphs.graphs and not graphs.states and graphs.pool is None
+    assert eng.codec_graphs is None and not graphs.graphs and not graphs.states and not graphs.pools
 
 
 def test_capture_failure_falls_back_with_one_warning(fp32, monkeypatch, caplog):

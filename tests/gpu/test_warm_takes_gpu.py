@@ -38,6 +38,8 @@ def test_the_load_captures_the_warm_buckets(engines):
     assert {b for b, _ in warm.codec_graphs.graphs} == {1, 4}
     assert {b for b, _ in cold.runner.graphs} == {1}
     assert any("of 1 and 4 rows" in note for note in warm.info.notes), warm.info.notes
+    pools = warm.codec_graphs.pools  # captured side by side, each row count in a pool of its own
+    assert set(pools) == {1, 4} and pools[1] != pools[4]
 
 
 @pytest.mark.parametrize("takes", [2, 3, 4])
