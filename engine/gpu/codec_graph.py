@@ -308,9 +308,9 @@ class _Beside:
     The first bucket's thread decodes that bucket's first eager frame, where the libraries start (cuDNN,
     cuBLAS, the snake kernel's load: ~0.9 s on an H100 beside the talker's loading), then starts a thread for
     each other bucket and captures its own pieces. With one thread for one take's and the 4-row pieces, as
-    the loader node loads for max_takes 4, that thread was the load's last step: the load waited 0.2-1.9 s
-    for it. With a thread a bucket it never waited, and loads took 0.1-0.2 s less on average and at most
-    3.44 s against 4.13 (bench/results/load_takes4.md). Each bucket has its own graph pool: graphs
+    the loader node loads for max_takes 4, that thread was the load's last step: the load waited up to 1.9 s
+    for it. With a thread a bucket it waited in 1 load of 11, and loads took 0.09-0.19 s less on average,
+    at most 3.44 s against 4.13 (bench/results/load_takes4.md). Each bucket has its own graph pool: graphs
     captured at the same time must not share one."""
 
     def __init__(self, graphs: CodecGraphs, buckets):
