@@ -9,13 +9,14 @@ may compile Triton kernels (a machine's first start) and is reported apart; the 
 warm, as a user's second start does. Per load: `Engine.load` with the node's defaults (bf16, CUDA graphs on,
 Triton auto), timed to a synchronised device; the process's CUDA start is timed apart (ComfyUI pays it at
 launch); then the first two requests, a 40-frame line (3.2 s of audio) at one take, or with --takes N loaded as
-the loader node loads for max_takes N (warm_takes N where the tree has it) and run at N takes. Three host
-timestamps split a load without any sync of their own: when the weights are in (graphs start), how long the
-codec's capture threads ran, and how long the load then waited for them. Each load's steps are also kept as
-host-clock spans with their threads (load_trace.py: its critical path, printed per load). --env runs a label's
-workers with an environment variable of their own: a variant of the same tree, or one of load_trace's
-diagnosis switches (the codec's captures on the main thread, a stack sampler, cProfile). For a profile with a
-sync per step, see load_profile.py. Prints a table; writes DIR/load_ab_NAME.json.
+the loader node loads for max_takes N (warm_takes N where the tree has it) and run at N takes.
+
+Each load's steps are kept as host-clock spans with their threads, taken without any sync of their own
+(load_trace.py: its critical path, printed per load). From them come how long the codec's capture threads ran
+and how long the load waited for them; a stamp of its own gives when the weights were in (graphs start). --env
+runs a label's workers with an environment variable of their own: a variant of the same tree, or one of
+load_trace's diagnosis switches (the codec's captures on the main thread, a stack sampler, cProfile). For a
+profile with a sync per step, see load_profile.py. Prints a table; writes DIR/load_ab_NAME.json.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from engine_probe import before_graphs, node_load_kwargs, script_params
 from gpu_bench import checkpoint
-from load_trace import apply_switches, profile_tables, record_spans, span_summary
+from load_trace import apply_switches, codec_times, profile_tables, record_spans, span_summary
 from timing import gpu_tag, run_tree, tree_ab_args, tree_ab_parser
 
 FIRST_FRAMES = 40
@@ -65,7 +66,8 @@ def worker(root: Path, ckpt: Path) -> dict:
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     cuda_start_s = time.perf_counter() - t
-    split = _split_load_times()
+    split = {}  # graphs_at: when the weights are in and the graphs start (a host stamp, no sync)
+    before_graphs(lambda: split.__setitem__("graphs_at", time.perf_counter()))
     spans = record_spans()
     sampler, profile = apply_switches()
     takes = int(os.environ.get(TAKES_ENV, "1"))
@@ -84,7 +86,7 @@ def worker(root: Path, ckpt: Path) -> dict:
     if profile:
         split.update(profile_tables(profile))
     spans = [{**sp, "start_s": sp["start_s"] - t, "end_s": sp["end_s"] - t} for sp in spans]
-    split.pop("codec_threads_from", None)
+    split.update(codec_times(spans, load_s))
     if "graphs_at" in split:  # a host timestamp taken inside the load (no sync of its own)
         split["weights_s"] = split.pop("graphs_at") - t
     memory = {"reserved_gb": torch.cuda.memory_reserved() / 1e9, "allocated_gb": torch.cuda.memory_allocated() / 1e9,
@@ -100,38 +102,6 @@ def worker(root: Path, ckpt: Path) -> dict:
     return {"cuda_start_s": cuda_start_s, "load_s": load_s, "takes": takes, "first_request_s": first_request_s,
             "second_request_s": second_request_s, **memory,
             **split, "spans": spans, "stacks": stacks, "notes": eng.info.notes}
-
-
-def _split_load_times() -> dict:
-    """Wrap the load's steps to record (host clock, no sync): graphs_at, when the graphs start (the worker turns
-    it into weights_s, from the load's start); codec_thread_s, the codec capture thread's run; thread_wait_s,
-    the load's wait for that thread. Trees without the thread leave the last two out."""
-    split = {}
-    before_graphs(lambda: split.__setitem__("graphs_at", time.perf_counter()))
-    try:
-        from engine.gpu.codec_graph import _Beside
-    except ImportError:
-        return split
-    run, join = _Beside._run, _Beside.join
-
-    def timed_run(self, *a, **k):  # one call per capture thread: from the first start to the last end
-        t = time.perf_counter()
-        split.setdefault("codec_threads_from", t)
-        try:
-            return run(self, *a, **k)
-        finally:
-            split["codec_thread_s"] = time.perf_counter() - split["codec_threads_from"]
-            split["codec_threads"] = split.get("codec_threads", 0) + 1
-
-    def timed_join(self):
-        t = time.perf_counter()
-        try:
-            return join(self)
-        finally:
-            split["thread_wait_s"] = split.get("thread_wait_s", 0.0) + time.perf_counter() - t
-
-    _Beside._run, _Beside.join = timed_run, timed_join
-    return split
 
 
 def main() -> None:
@@ -154,13 +124,7 @@ def main() -> None:
     runs = {label: [] for label in roots}
     for i in range(args.rounds):
         for label, root in roots.items():
-            saved = dict(os.environ)
-            os.environ.update(extra.get(label, {}))
-            try:
-                r = run_tree(__file__, label, root, ckpt)
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
+            r = run_tree(__file__, label, root, ckpt, env=extra.get(label))
             r["env"] = extra.get(label, {})
             r["round"] = i
             runs[label].append(r)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from gpu_bench import checkpoint
+from load_trace import wrap_calls
 from timing import gpu_tag, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,18 +83,7 @@ def worker(ckpt: Path, profile: bool) -> dict:
     from engine.engine import Engine as EngineClass
 
     def timed(owner, name, label):  # whole steps, nested ones included in their parent's time
-        real = getattr(owner, name)
-
-        def wrapper(*a, **k):
-            sync()
-            t = time.perf_counter()
-            try:
-                return real(*a, **k)
-            finally:
-                sync()
-                phases.append({"what": label, "s": time.perf_counter() - t})
-
-        setattr(owner, name, wrapper)
+        wrap_calls(owner, name, lambda a, start, end: phases.append({"what": label, "s": end - start}), sync=sync)
 
     phases = []
     timed(loader, "load_components", "weights (load_components)")

@@ -18,6 +18,8 @@ SERIAL_ENV = "LOAD_AB_CODEC_SERIAL"
 SAMPLE_ENV = "LOAD_AB_SAMPLE"
 CPROFILE_ENV = "LOAD_AB_CPROFILE"
 SWITCH_ENV = "LOAD_AB_SWITCH_S"
+CODEC_THREAD = "codec-precapture"  # the name engine/gpu/codec_graph.py gives its capture threads
+WAIT = "wait for the codec threads"
 
 
 def apply_switches():
@@ -92,11 +94,32 @@ class StackSampler:
         return [{"thread": k[0], "engine": k[1], "leaf": k[2], "samples": n} for k, n in self.counts.most_common(top)]
 
 
+def wrap_calls(owner, name: str, record, sync=None) -> None:
+    """Replace owner.name by a wrapper that calls record(args, start, end) after each call (host clock,
+    perf_counter s). sync, if given, runs before the start is stamped and before the end is (a profile that
+    times GPU work); without it nothing waits, so steps on other threads are left to run."""
+    real = getattr(owner, name)
+
+    def wrapper(*a, **k):
+        if sync:
+            sync()
+        t = time.perf_counter()
+        try:
+            return real(*a, **k)
+        finally:
+            if sync:
+                sync()
+            record(a, t, time.perf_counter())
+
+    setattr(owner, name, wrapper)
+
+
 def record_spans() -> list:
     """The load's steps as host-clock spans, each with its thread, and no sync of its own (a sync would stall
     the threads that capture beside the main one): the weights, each capture (frame, prefill or codec piece),
     the codec states' first frames, the waits for the codec threads and the warm-up requests. The worker makes
-    the times relative to the load's start. For the critical path of a load whose steps run side by side."""
+    the times relative to the load's start. For the critical path of a load whose steps run side by side. A
+    step an older tree does not have is left out."""
     import threading
 
     import engine.engine as engine_mod
@@ -105,31 +128,39 @@ def record_spans() -> list:
 
     spans = []
 
-    def wrap(owner, name, label):
-        real = getattr(owner, name)
+    def span(owner, name, label):
+        if not hasattr(owner, name):
+            return
 
-        def wrapper(*a, **k):
-            t = time.perf_counter()
-            try:
-                return real(*a, **k)
-            finally:
-                end = time.perf_counter()
-                if name != "settle" or end - t > 1e-3:  # settle runs at every request: its waits only
-                    spans.append({"what": label(a) if callable(label) else label,
-                                  "thread": threading.current_thread().name, "start_s": t, "end_s": end})
+        def record(a, start, end):
+            spans.append({"what": label(a) if callable(label) else label, "thread": threading.current_thread().name,
+                          "start_s": start, "end_s": end})
 
-        setattr(owner, name, wrapper)
+        wrap_calls(owner, name, record)
 
-    wrap(loader, "load_components", "weights")
-    wrap(engine_mod.Engine, "_warmup", "warm-up (all)")
+    span(loader, "load_components", "weights")
+    span(engine_mod.Engine, "_warmup", "warm-up (all)")
     for name in ("generate", "generate_batch"):  # the streamed warm-ups are generators: in "warm-up (all)"
-        wrap(engine_mod.Engine, name, f"warm-up {name}")
-    wrap(frame_graph, "capture", "frame graph capture")
-    wrap(prefill_graph, "capture", "prefill graph capture")
-    wrap(codec_graph.CodecGraphs, "capture", lambda a: f"codec piece {a[2]} x {a[1]} rows")
-    wrap(codec_graph.CodecGraphs, "state", lambda a: f"codec state {a[1]} rows")
-    wrap(codec_graph.CodecGraphs, "settle", "wait for the codec threads")
+        span(engine_mod.Engine, name, f"warm-up {name}")
+    span(frame_graph, "capture", "frame graph capture")
+    span(prefill_graph, "capture", "prefill graph capture")
+    span(codec_graph.CodecGraphs, "capture", lambda a: f"codec piece {a[2]} x {a[1]} rows")
+    span(codec_graph.CodecGraphs, "state", lambda a: f"codec state {a[1]} rows")
+    span(codec_graph.CodecGraphs, "settle", WAIT)
     return spans
+
+
+def codec_times(spans: list, load_s: float) -> dict:
+    """From a load's spans (times from its start): codec_thread_s, from the first codec capture thread's start
+    to the last one's end, and thread_wait_s, how long the load waited for them. Empty where no codec thread
+    ran (the codec captured on the main thread, or a tree before the thread)."""
+    during = [sp for sp in spans if sp["start_s"] <= load_s]
+    codec = [sp for sp in during if sp["thread"] == CODEC_THREAD]
+    if not codec:
+        return {}
+    return {"codec_thread_s": max(sp["end_s"] for sp in codec) - min(sp["start_s"] for sp in codec),
+            "thread_wait_s": sum(sp["end_s"] - sp["start_s"] for sp in during
+                                 if sp["what"] == WAIT and sp["thread"] != CODEC_THREAD)}
 
 
 def span_summary(spans: list, load_s: float) -> str:

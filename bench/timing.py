@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -69,12 +70,12 @@ def gpu_tag() -> str:
     return "h100" if "H100" in name else "h200" if "H200" in name else "gpu"
 
 
-def run_fresh(script, args, timeout=None) -> dict:
+def run_fresh(script, args, timeout=None, env=None) -> dict:
     """`python script *args` in a fresh process (every shape and library seen for the first time), whose
     last stdout line is a JSON object: that object, or {"error": the last stderr line} if the process failed.
-    The tail of its stderr is echoed either way."""
+    The tail of its stderr is echoed either way. env: variables set for that process beside this one's."""
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
-                          check=False)
+                          check=False, env={**os.environ, **env} if env else None)
     sys.stderr.write(proc.stderr[-4000:])
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
@@ -187,9 +188,10 @@ def tree_ab_args(ap: argparse.ArgumentParser, worker) -> tuple:
     return args, dict(r.split("=", 1) for r in args.roots)
 
 
-def run_tree(script, label: str, root: str, ckpt) -> dict:
-    """One worker of a tree A/B bench (`script --worker`) in a fresh process: its JSON, or exit naming the tree."""
-    r = run_fresh(script, ["--worker", "--root", root, "--ckpt", str(ckpt)])
+def run_tree(script, label: str, root: str, ckpt, env=None) -> dict:
+    """One worker of a tree A/B bench (`script --worker`) in a fresh process: its JSON, or exit naming the tree.
+    env: variables set for that worker only (run_fresh)."""
+    r = run_fresh(script, ["--worker", "--root", root, "--ckpt", str(ckpt)], env=env)
     if "error" in r:
         raise SystemExit(f"{label}: {r['error']}")
     return r
