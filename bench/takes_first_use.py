@@ -1,6 +1,7 @@
 """What the first request of each takes count costs after load, and what its graphs take.
 
-    python bench/takes_first_use.py [--size 0.6b] [--takes 2 3 4 8 16] [--warm-takes 1] [--out F.json]
+    python bench/takes_first_use.py [--size 0.6b] [--takes 2 3 4 8 16] [--warm-takes 1] [--long 1000 2000]
+                                    [--root TREE] [--out F.json]
 
 A fresh process loads the engine as the benches do (random real-size CustomVoice checkpoint, graphs on; max_takes
 16, and --warm-takes as Engine.load's warm_takes: the loader node passes its max_takes), then
@@ -9,6 +10,9 @@ first of them captures that count's batch bucket (frame windows, codec pieces) u
 already did. Per count it reports both walls, the frame-graph and codec capture seconds the first request
 added, and the device memory it reserved. Then the steady ms a batched frame of each count: (wall of 250
 frames - wall of 50) / 200, the median of 3.
+--long: after those, one take of each of these frame counts, twice: the first long request after load (a request
+past the attention windows the load captured, where frame graphs are per window). --root: the tree whose engine
+runs (an A/B of two trees with this tree's bench code).
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+if "--root" in sys.argv:  # the engine of another tree (imported before this tree's, which stays for the benches)
+    sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
 
 from engine_probe import request_wall_s
 from gpu_bench import checkpoint
@@ -35,6 +41,8 @@ def main() -> None:
     ap.add_argument("--size", default="0.6b")
     ap.add_argument("--takes", type=int, nargs="+", default=[2, 3, 4, 8, 16])
     ap.add_argument("--warm-takes", type=int, default=1)
+    ap.add_argument("--long", type=int, nargs="*", default=[], help="frame counts of one-take long requests")
+    ap.add_argument("--root", help="the tree whose engine runs (read before the imports)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     from engine import Engine
@@ -55,19 +63,33 @@ def main() -> None:
                      "codec_capture_s": codec.capture_seconds - codec_s,
                      "reserved_gb": (torch.cuda.memory_reserved() - reserved) / 1e9})
         print(rows[-1], file=sys.stderr, flush=True)
+    long_rows = []
+    for frames in args.long:
+        frame_s, late = runner.capture_seconds, runner.late_captures
+        first = request_wall_s(eng, 1, frames)
+        again = request_wall_s(eng, 1, frames)
+        long_rows.append({"frames": frames, "first_ms": 1000 * first, "again_ms": 1000 * again,
+                          "frame_capture_s": runner.capture_seconds - frame_s,
+                          "late_captures": runner.late_captures - late})
+        print(long_rows[-1], file=sys.stderr, flush=True)
     steady = {}
     for takes in [1, *args.takes]:
         spans = [request_wall_s(eng, takes, 250) - request_wall_s(eng, takes, 50) for _ in range(3)]
         steady[takes] = 1000 * statistics.median(spans) / 200
         print(f"steady {takes} takes: {steady[takes]:.3f} ms a frame", file=sys.stderr, flush=True)
     out = {"device": gpu_tag(), "size": args.size, "warm_takes": args.warm_takes, "load_s": load_s,
-           "notes": eng.info.notes, "first_use": rows,
+           "notes": eng.info.notes, "first_use": rows, "long": long_rows, "root": args.root or str(ROOT),
            "steady_ms_per_frame": steady}
     lines = ["| takes | first request ms | again ms | frame capture s | codec capture s | reserved GB "
              "| steady ms a frame |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['takes']} | {r['first_ms']:.0f} | {r['again_ms']:.0f} | {r['frame_capture_s']:.2f} | "
                      f"{r['codec_capture_s']:.2f} | {r['reserved_gb']:.2f} | {steady[r['takes']]:.3f} |")
+    if long_rows:
+        lines += ["", "| one take, frames | first request ms | again ms | frame capture s | captures during it |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['frames']} | {r['first_ms']:.0f} | {r['again_ms']:.0f} | {r['frame_capture_s']:.2f} | "
+                  f"{r['late_captures']} |" for r in long_rows]
     print("\n".join(lines))
     if args.out:
         args.out.write_text(json.dumps(out, indent=1))

@@ -28,10 +28,11 @@ from .voice import Voice
 
 log = logging.getLogger(__name__)
 
-# Frame graphs captured at load: one take, attention windows up to this many positions (a 200-token
-# prompt plus 45 s of audio). Longer requests and several takes capture their window once, on first use: each
-# takes bucket holds its own static KV cache (~0.47 GB a row at 0.6B and 4096 positions), so they are
-# only allocated when asked for.
+# Frame graphs captured at load, for one take and warm_takes: with the Triton attention one graph a bucket serves
+# every position (the kernel reads each row's length on the device). With the torch attention, one graph a window,
+# up to this many positions (a 200-token prompt plus 45 s of audio); longer requests capture theirs once, on first
+# use. Other takes counts capture their bucket's graphs before their first request: each bucket holds its own
+# static KV cache (~0.47 GB a row at 0.6B and 4096 positions), so they are only allocated when asked for.
 PRECAPTURE_WINDOW = 768
 
 # Frames a streamed request keeps queued on the GPU across each chunk's host work: the host waits there for
@@ -280,7 +281,9 @@ class Engine:
         self.info.graph_bytes = max(torch.cuda.memory_reserved(self.device) - reserved_before, 0)
         taken = self.info.graph_bytes / 1e9
         rows = " and ".join(str(b) for b in warm_buckets(self.warm_takes))
-        self.info.notes.append(f"CUDA graphs: on ({len(graphed.graphs)} frame graphs of {rows} rows in "
+        reach = (f"each for every position up to {self.max_seq_len}" if graphed.device_length
+                 else f"windows up to {PRECAPTURE_WINDOW} positions")
+        self.info.notes.append(f"CUDA graphs: on ({len(graphed.graphs)} frame graphs of {rows} rows, {reach}, in "
                                f"{graphed.capture_seconds:.2f} s; {prefill_note}; graphs and their static buffers "
                                f"take {taken:.2f} GB)")
         if codec.failure is not None:  # CodecGraphs logged the warning; the frame graphs stay on

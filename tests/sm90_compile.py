@@ -33,13 +33,16 @@ def linear_launches(rows: int) -> None:
 
 def attention_launches(rows: int) -> None:
     """The one-program window (16, the predictor) and split-KV (256, the talker), plain and fused with RoPE;
-    up to its rows, the predictor's attention fused into o_proj."""
+    the talker's device-length split-KV over a 4096-position room, plain and fused; up to its rows, the
+    predictor's attention fused into o_proj."""
     from engine.kernels import attention_o_proj
     from engine.kernels import selftest as st
 
     for w in (16, 256):
         st.check_attention("cpu", BF16, rows, seq=max(64, w), window=w, filled=w - 3)
         st.check_rope_attention("cpu", BF16, rows, seq=max(64, w), window=w, pos=w - 3 - rows, per_row=rows > 1)
+    st.check_attention("cpu", BF16, rows, seq=4096, filled=300, per_row=rows > 1, device_length=True)
+    st.check_rope_attention("cpu", BF16, rows, seq=4096, pos=300, per_row=rows > 1, device_length=True)
     if rows <= attention_o_proj.MAX_ROWS:
         st.check_attention_o_proj("cpu", BF16, rows, seq=16, window=16, pos=9, per_row=rows > 1)
 

@@ -238,6 +238,47 @@ def test_rope_attention_split_owner_writes(pos, chunk):
     assert launch["splits"] == 64 // chunk
 
 
+# Device length (no bias): one grid for every length up to the caches' room; each row cuts its own length, read
+# from its position on the device, into at most `want` chunks, and the programs past its count return at once.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dot", [False, True], ids=["fma", "dot"])
+@pytest.mark.parametrize("combine", [4, 32], ids=["in_rounds", "at_once"])
+def test_attention_device_length(dtype, dot, combine):
+    """Rows of 300, 131 and 1 positions in a 320-position room: 19, 9 and 1 of the grid's 20 splits work."""
+    launch = st.check_attention(DEV, dtype, 3, **SMALL_HEADS, seq=320, lengths=[300, 131, 1], chunk=16, seed=5,
+                                config={"USE_DOT": dot, "COMBINE_BLOCK": combine}, device_length=True)
+    assert launch["splits"] == 20 and launch["want"] == 4 * 132 // 6
+
+
+def test_attention_device_length_grows_chunks():
+    """Past `want` chunks of the least size, a row's chunks grow (1000 positions: 21 chunks of 48, not 63 of 16),
+    and the grid holds `want` splits; a shared position (pos one for all rows) and a shared prefix."""
+    launch = st.check_attention(DEV, torch.float32, 3, **SMALL_HEADS, seq=1024, filled=1000, chunk=16, seed=6,
+                                config={"PROGRAMS_PER_SM": 1}, share=[(0, 0), (0, 999), (0, 640)],
+                                device_length=True)
+    assert launch["splits"] == launch["want"] == 132 // 6
+
+
+def test_attention_device_length_kernels_dispatch():
+    """Kernels.attention with no bias: the Triton launch and the torch reference (the mask built over the room)."""
+    from engine import kernels
+
+    q, kc, vc = (torch.randn(shape) for shape in ((2, 4, 32), (2, 2, 100, 32), (2, 2, 100, 32)))
+    pos = torch.tensor([80, 5])
+    got = kernels.Kernels(["attention"]).attention(q, kc, vc, None, 0.2, pos=pos)
+    bias = torch.where(torch.arange(100)[None] <= pos[:, None], 0.0, float("-inf"))[:, None, None]
+    torch.testing.assert_close(got, kernels.Kernels().attention(q, kc, vc, None, 0.2, pos=pos), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, kernels.Kernels().attention(q, kc, vc, bias, 0.2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pos, per_row", [(70, True), (5, True), (63, False)])
+def test_rope_attention_device_length(pos, per_row):
+    """The fused path with no bias: the split holding each row's position writes its k / v, the others read."""
+    launch = st.check_rope_attention(DEV, torch.float32, 3, **SMALL_HEADS, seq=80, pos=pos, per_row=per_row,
+                                     chunk=16, device_length=True)
+    assert launch["splits"] == 5
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b, per_row", [(1, False), (2, False), (2, True)])
 def test_attention_o_proj(dtype, b, per_row):
@@ -597,3 +638,26 @@ def test_predictor_pass_falls_back_with_one_warning(monkeypatch, caplog):
                           torch.randn(64, 128), fill_only=True)
     assert fs.persistent is False
     assert sum("predictor_pass kernel off" in r.message for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("takes", [1, 3])
+def test_frames_with_device_lengths_equal_windowed_frames(tiny_checkpoints, monkeypatch, takes):
+    """The frame body whose talker attention reads each row's length on the device (one graph for every
+    position: no window, no bias) decodes the greedy codes of the torch attention over windows, crossing
+    several of them (16 positions each here); takes share the prompt's K/V from one row."""
+    from engine import Engine, Request
+    from engine.gpu import frame_graph
+    from tests.decoding import decode_codes
+
+    monkeypatch.setattr(frame_graph, "WINDOW_STEP", 16)
+    engine = Engine.load(tiny_checkpoints["custom_voice"], device="cpu", dtype="fp32", max_seq_len=400)
+    windowed = frame_graph.GraphedFrames(engine.talker, 400, capture=False)
+    lengths = frame_graph.GraphedFrames(engine.talker, 400, capture=False, kernels=kernels.Kernels(("attention",)))
+    assert lengths.device_length and not windowed.device_length
+    assert lengths._window(390) is None and windowed._window(390) == 400
+    params = engine.defaults.greedy().replace(max_new_tokens=24)
+    req = Request(mode="custom", text="Lengths read on the device.", language="English", speaker="ryan")
+    want, n_want = decode_codes(engine, windowed, req, takes, params, seed=3)
+    got, n_got = decode_codes(engine, lengths, req, takes, params, seed=3)
+    assert n_got == n_want
+    assert torch.equal(got, want)

@@ -1,12 +1,16 @@
 """A whole frame as one CUDA graph: talker sampling, the 15 code-predictor steps with their sampling,
 the next input's embedding sum and the talker step.
 
-Graphs are keyed by (batch bucket, attention window) and share one memory pool. Everything a frame
-reads or writes lives in static buffers owned by `FrameState` (one per batch bucket): the talker hidden
-state, each row's position, frame counter and frame budget, the per-row stream keys, the
-repetition-penalty mask, the finished flags, the sampling settings and each row's trailing text. Rows
-may hold different prompts: the talker attention masks each row at its own length inside one window
-(the window is the bucket of the longest row), RoPE and the cache write use each row's position. A
+Graphs are keyed by (batch bucket, attention window) and share one memory pool. With the Triton attention
+the window is None: the kernel reads each row's length from its position on the device, so one graph per
+bucket serves every position up to the cache's room, and no request ever waits for a window's capture.
+The torch attention (Triton off) attends over a window of WINDOW_STEP positions a bucket, masked per row,
+one graph per window. Everything a frame reads or writes lives in static buffers owned by `FrameState` (one
+per batch bucket): the talker hidden state, each row's position, frame counter and frame budget, the per-row
+stream keys, the repetition-penalty mask, the finished flags, the sampling settings and each row's trailing
+text. Rows
+may hold different prompts: the talker attention masks each row at its own length (inside one window, the
+bucket of the longest row, on the torch path), RoPE and the cache write use each row's position. A
 finished row stops advancing, so it never writes past its own cache room. Replaying never syncs the
 host; the decode loop reads the finished flags once per chunk and admits new rows between replays.
 """
@@ -178,8 +182,9 @@ def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_in, choose) -
     return torch.stack(codes, dim=1), embeds
 
 
-def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
-    """One frame over the static buffers of `s` (the graph captures exactly this)."""
+def frame_body(talker, fused: dict, s: FrameState, window: int | None) -> None:
+    """One frame over the static buffers of `s` (the graph captures exactly this). window None: the talker's
+    attention kernel reads each row's length from s.pos (GraphedFrames.device_length)."""
     p = s.p
     pred = talker.code_predictor
     ks = fused["talker"].ks
@@ -220,12 +225,14 @@ def frame_body(talker, fused: dict, s: FrameState, window: int) -> None:
     x = pred.embedding_sum([c0_embed, *embeds])  # == residual_embedding_sum(rest, c0_embed)
     x = x + s.trailing.index_select(0, s.trailing_start + torch.minimum(s.t, s.trailing_last))
     # Each row sees its own positions 0..pos: [B, 1, 1, window] broadcasts over heads and the query.
-    bias = torch.where(torch.arange(window, device=x.device)[None] <= s.pos[:, None], 0.0, float("-inf"))
+    bias = None
+    if window is not None:
+        bias = torch.where(torch.arange(window, device=x.device)[None] <= s.pos[:, None], 0.0, float("-inf"))
+        bias = bias.to(x.dtype)[:, None, None]
     # The rows' RoPE angles are looked up, not computed: two gathers instead of ~9 small kernels a frame (the
     # table is the same elementwise ops over every position, so the values are the same bits).
     rope = (s.rope_table[0].index_select(0, s.pos), s.rope_table[1].index_select(0, s.pos))
-    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias.to(x.dtype)[:, None, None], rope,
-                                        share=s.share)[:, 0])
+    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias, rope, share=s.share)[:, 0])
     s.t.add_(s.valid)
     s.finished.logical_or_(s.t >= s.limit)  # the budget is spent: no further frame is real
     s.pos.add_(~s.finished)  # a finished row rewrites its last position and never passes its room
@@ -243,6 +250,9 @@ class GraphedFrames:
         self.fused = {"talker": FusedStack(talker.model, talker_kernels),
                       "predictor": FusedStack(talker.code_predictor.model, self.kernels),
                       "projected": projected_tables(talker)}
+        # The talker's attention kernel reads each row's length on the device: one frame graph a bucket for
+        # every position, instead of one a WINDOW_STEP window (engine/kernels/attention.plan's device_length).
+        self.device_length = "attention" in self.fused["talker"].ks.active
         self.max_seq_len = max_seq_len
         # trailing_table holds at most max_frames + 1 <= max_seq_len + 1 rows per row
         self.trailing_rows = max_seq_len + 1
@@ -252,7 +262,7 @@ class GraphedFrames:
         self.pool = None
         self.capture_seconds = 0.0  # frame graphs, whenever captured
         self.precapture_seconds = 0.0  # everything precapture() captured at load
-        self.late_captures = 0  # frame graphs captured while a request ran
+        self.late_captures = 0  # frame graphs captured while a request ran (windows: the torch attention only)
         self.prefill_graphs = None  # PrefillGraphs once precapture() ran
         self.precapture_window = 0  # windows captured per bucket up front (set by precapture())
         self.warm_buckets = ()  # the buckets precapture() captured: smaller runs use them (buckets.bucket_for)
@@ -277,7 +287,10 @@ class GraphedFrames:
             self.prefill_graphs.release()
             self.prefill_graphs = None
 
-    def _window(self, position: int) -> int:
+    def _window(self, position: int) -> int | None:
+        """The attention window a frame at `position` runs in (its graph's key); None: every position."""
+        if self.device_length:
+            return None
         return min(self.max_seq_len, (position // WINDOW_STEP + 1) * WINDOW_STEP)
 
     def _state(self, bucket: int) -> FrameState:
@@ -312,8 +325,12 @@ class GraphedFrames:
         self.precapture_seconds = time.perf_counter() - t0
 
     def _capture_windows(self, bucket: int) -> None:
-        """The frame graphs of `bucket` rows for every window up to the precapture window."""
+        """The frame graphs of `bucket` rows for every window up to the precapture window (one graph where the
+        attention reads the lengths on the device)."""
         self.s = self._state(bucket)
+        if self.device_length:
+            self._graph(None)
+            return
         for window in range(WINDOW_STEP, min(self.precapture_window, self.max_seq_len) + 1, WINDOW_STEP):
             self._graph(window)
 
@@ -323,10 +340,11 @@ class GraphedFrames:
         bucket = bucket_for(slots, {b for b, _ in self.graphs}, self.warm_buckets)
         if max_len > self.max_seq_len:
             raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
-        if self.prefill_graphs is not None and (bucket, WINDOW_STEP) not in self.graphs:
+        if self.prefill_graphs is not None and (bucket, self._window(0)) not in self.graphs:
             # The first request of a new takes count captures all its windows here, before its prefill,
             # instead of one window at a time between its frames (160 ms in the middle of a 4-take request
-            # on an H200). Windows past the precapture window are still captured when first reached.
+            # on an H200). With the torch attention, windows past the precapture window are still captured
+            # when first reached.
             t0 = time.perf_counter()
             self._capture_windows(bucket)
             log.info("frame graphs: captured the %d-row windows up to %d positions in %.2f s", bucket,
@@ -369,7 +387,7 @@ class GraphedFrames:
             s.trailing[slot * s.trailing_rows: slot * s.trailing_rows + table.shape[0]] = table
         s.trailing_last.index_fill_(0, idx, table.shape[0] - 1)
 
-    def _graph(self, window: int) -> torch.cuda.CUDAGraph:
+    def _graph(self, window: int | None) -> torch.cuda.CUDAGraph:
         key = (self.s.batch, window)
         if key not in self.graphs:
             t0 = time.perf_counter()

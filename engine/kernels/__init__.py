@@ -123,10 +123,11 @@ class Kernels:
         return self._run("qk_norm_rope_kv", "prefill", "prefill_reference", qkv, qk_norm_weight, cos, sin_signed,
                          eps, k_cache, v_cache, nh, nkv)
 
-    def attention(self, q, k_cache, v_cache, bias, scale, share=None):
+    def attention(self, q, k_cache, v_cache, bias, scale, share=None, pos=None):
         """share (attention._launch): which row each row reads its prompt's K/V from. Only the kernel uses it; the
-        torch reference reads each row's own copy, which holds the same values."""
-        return self._run("attention", "attention", "reference", q, k_cache, v_cache, bias, scale,
+        torch reference reads each row's own copy, which holds the same values. bias None: each row attends
+        positions 0..pos (the kernel reads them on the device; the reference builds the mask over the room)."""
+        return self._run("attention", "attention", "reference", q, k_cache, v_cache, bias, scale, pos=pos,
                          triton_only={"share": share})
 
     def rope_attention(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
@@ -138,7 +139,7 @@ class Kernels:
             return fused.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
                                         nh, nkv, pdl=self.pdl, share=share)
         q = self.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
-        return self.attention(q, k_cache, v_cache, bias, scale, share)
+        return self.attention(q, k_cache, v_cache, bias, scale, share, pos=pos)
 
     def attention_o_proj(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
                          weight, residual, share=None):
@@ -147,7 +148,8 @@ class Kernels:
         those ops by their own switches."""
         fused = _module("attention_o_proj")
         b = qkv.shape[0]
-        if "attention_o_proj" in self.active and fused.fits(b, bias.shape[-1]):
+        window = k_cache.shape[2] if bias is None else bias.shape[-1]  # None: positions 0..pos of the room
+        if "attention_o_proj" in self.active and fused.fits(b, window):
             return fused.attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
                                           nh, nkv, weight, residual, pdl=self.pdl)
         out = self.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh,

@@ -18,6 +18,9 @@ Two launch shapes, chosen by `plan` (pure Python):
     the counter (graph replays included), as linear.py's split-K does. A split whose positions are
     all masked (a row shorter than the window) leaves m = -inf, l = 0 and weighs nothing in the
     combine; masked positions are not read from the caches at all.
+    Without a bias (`device_length`) the split path reads each row's length from its position on the
+    device instead of a window: one grid serves every length up to the caches' room, so a CUDA graph
+    captured once holds for all of them (the talker's frame graphs: one per row count, not one per window).
 """
 from __future__ import annotations
 
@@ -63,11 +66,19 @@ CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 4, "num_warps": 4, 
 # partial at once (one L2 round trip instead of two: the maxima, then the rest); more go in rounds of this size.
 
 
-def reference(q, k_cache, v_cache, bias, scale):
+def position_bias(pos, rows: int, room: int, dtype) -> torch.Tensor:
+    """The additive mask [rows, 1, 1, room] of rows that attend positions 0..pos (pos one a row, or one for all)."""
+    seen = torch.arange(room, device=pos.device)[None] <= pos.reshape(-1, 1)
+    return torch.where(seen, 0.0, float("-inf")).to(dtype).expand(rows, room)[:, None, None]
+
+
+def reference(q, k_cache, v_cache, bias, scale, pos=None):
     """The torch ops this kernel replaces in FusedLayer.step: q [B, nh, D] -> out [B, nkv, g, D]
-    (reshape to [B, nh * D])."""
+    (reshape to [B, nh * D]). bias None: each row attends the cache positions 0..pos (`position_bias`)."""
     b, nh, d = q.shape
     nkv = k_cache.shape[1]
+    if bias is None:
+        bias = position_bias(pos, b, k_cache.shape[2], q.dtype)
     window = bias.shape[-1]
     scores = torch.matmul(q.reshape(b, nkv, nh // nkv, d), k_cache[:, :, :window].transpose(-1, -2))
     probs = torch.softmax(torch.add(bias, scores, alpha=scale), dim=-1)
@@ -78,22 +89,35 @@ def rope_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, 
     """The two ops `rope_attention` fuses: qk_norm_rope_kv.reference (writes the caches at pos), then
     `reference` over the window -> [B, nkv, g, D]."""
     q = kq.reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
-    return reference(q, k_cache, v_cache, bias, scale)
+    return reference(q, k_cache, v_cache, bias, scale, pos=pos)
 
 
 def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None, config=None,
-         block_n: int = 16, fused: bool = False) -> dict:
+         block_n: int = 16, fused: bool = False, device_length: bool = False) -> dict:
     """Launch parameters (pure Python, testable without a GPU).
 
     chunk: positions per split program; None lets the plan choose (one program per (row, kv head) below
     SPLIT_MIN_WINDOW), a chunk >= window forces one program. `config` overrides CONFIG entries;
-    `block_n` is the block of the one-program path; `fused`: rope_attention's launch."""
+    `block_n` is the block of the one-program path; `fused`: rope_attention's launch.
+    device_length: one split grid for every row length up to `window` (the caches' room). Each row's program
+    cuts its own length, read on the device, as this plan cuts a window of that length: at most `want`
+    chunks of at least `chunk` positions (MIN_CHUNK when None), in multiples of BLOCK_N. The grid holds the
+    most chunks any length can need; the programs past a row's own count return at once."""
     cfg = {**CONFIG, **(config or {})}
+    want = max(1, cfg["PROGRAMS_PER_SM"] * sms // max(1, b * nkv))
+    if device_length:
+        least = chunk or cfg["MIN_CHUNK"]
+        splits = max(1, min(want, -(-window // least)))
+        block = min(cfg["BLOCK_N"], next_pow2(least))
+        block = max(16, block) if cfg["USE_DOT"] else block
+        sp = next_pow2(splits)
+        return {"splits": splits, "chunk": least, "want": want, "BLOCK_N": block,
+                "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "USE_DOT": bool(cfg["USE_DOT"]),
+                "SP": sp, "SB": min(sp, cfg["COMBINE_BLOCK"])}
     one = {"splits": 1, "chunk": window, "BLOCK_N": block_n, "num_warps": cfg["FUSED_ONE_WARPS" if fused else "ONE_WARPS"]}
     if chunk is None:
         if window < SPLIT_MIN_WINDOW:
             return one
-        want = max(1, cfg["PROGRAMS_PER_SM"] * sms // max(1, b * nkv))
         step = cfg["BLOCK_N"]
         chunk = max(cfg["MIN_CHUNK"], -(-window // want))
         chunk = -(-chunk // step) * step
@@ -104,7 +128,7 @@ def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None
     if cfg["USE_DOT"]:
         block = max(16, block)
     sp = next_pow2(splits)
-    return {"splits": splits, "chunk": chunk, "BLOCK_N": block, "num_warps": cfg["num_warps"],
+    return {"splits": splits, "chunk": chunk, "want": splits, "BLOCK_N": block, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "USE_DOT": bool(cfg["USE_DOT"]), "SP": sp,
             "SB": min(sp, cfg["COMBINE_BLOCK"])}
 
@@ -202,28 +226,37 @@ def _kernel():
 
     @triton.jit
     def split_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, acc_ptr, ml_ptr, count_ptr,
-                     stride_qb, skb, skh, sks, svb, svh, svs, stride_ob, stride_bias, W, chunk, scale,
+                     stride_qb, skb, skh, sks, svb, svh, svs, stride_ob, stride_bias, W, chunk, want, scale,
                      qkn_ptr, cos_ptr, sin_ptr, pos_ptr, stride_pos, stride_cos, eps, share_ptr, stride_share,
                      G: tl.constexpr, GP: tl.constexpr, R: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                      SP: tl.constexpr, SB: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
                      ROPE: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, EMULATE_RNE: tl.constexpr,
-                     SHARE: tl.constexpr, PDL: tl.constexpr):
+                     SHARE: tl.constexpr, DEVICE_LENGTH: tl.constexpr, PDL: tl.constexpr):
         _pdl_enter(PDL)  # q, caches, bias, workspace and counters are all read after the wait
         b = tl.program_id(0)
         h = tl.program_id(1)
         sp = tl.program_id(2)
         nkv = tl.num_programs(1)
-        splits = tl.num_programs(2)
+        splits = tl.num_programs(2)  # the workspace's splits a (row, kv head)
+        if DEVICE_LENGTH:  # the row attends positions 0..pos, read here: its length spread over `want` programs
+            limit = tl.minimum(tl.load(pos_ptr + b * stride_pos) + 1, W)
+            chunk = tl.cdiv(tl.maximum(chunk, tl.cdiv(limit, want)), BLOCK_N) * BLOCK_N  # `chunk`: the least
+            used = tl.cdiv(limit, chunk)  # <= splits (plan); the others have nothing to do
+            if sp >= used:
+                return
+        else:
+            limit = W
+            used = splits
         dt = out_ptr.dtype.element_ty
         gi = tl.arange(0, R)  # query heads of this kv head, padded to R rows
         di = tl.arange(0, D)
         gmask = gi < G
         lo = sp * chunk
-        hi = tl.minimum(lo + chunk, W)
+        hi = tl.minimum(lo + chunk, limit)
         end = hi  # the loop's end: a rope split knows its row's position, and stops after it (the rest is masked)
         if ROPE:  # the split holding pos writes the token's k / v (the last one if pos is past the window)
             pos = tl.load(pos_ptr + b * stride_pos)
-            owner = (pos >= lo) & ((pos < hi) | (sp == splits - 1))
+            owner = (pos >= lo) & ((pos < hi) | (sp == used - 1))
             end = tl.minimum(hi, pos + 1)
             if lo <= pos:  # a split wholly past the row's position neither makes the query nor reads the caches
                 q = _rope_q_kv(q_ptr, qkn_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, b, h, pos, owner, stride_qb,
@@ -246,7 +279,10 @@ def _kernel():
         v_head = v_ptr + h * svh
         for start in range(lo, end, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
-            bias = tl.load(bias_ptr + b * stride_bias + n, mask=n < hi, other=float("-inf")).to(tl.float32)
+            if DEVICE_LENGTH:  # no bias tensor: the positions past the row's length are the masked ones
+                bias = tl.where(n < hi, 0.0, float("-inf"))
+            else:
+                bias = tl.load(bias_ptr + b * stride_bias + n, mask=n < hi, other=float("-inf")).to(tl.float32)
             live = bias != float("-inf")  # masked positions (and those past the chunk) are not read
             row = tl.where(n < shared, source, b)[:, None]
             k = tl.load(k_head + row * skb + n[:, None] * sks + di[None, :], mask=live[:, None], other=0.0)
@@ -284,27 +320,31 @@ def _kernel():
         tl.store(ml_ptr + slot * 2 * GP + GP + gi, l_i, mask=keep)
         tl.debug_barrier()  # every thread's partial is written before the counter moves
         arrived = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel")
-        if arrived == splits - 1:  # the last arrival combines all splits in a fixed order
+        if arrived == used - 1:  # the last arrival combines all splits in a fixed order
             ci = tl.arange(0, GP)
             ml_base = ml_ptr + pair * splits * 2 * GP
             acc_base = acc_ptr + pair * splits * GP * D
-            if SP <= SB:  # every split's m, l and acc in one round of loads (they do not depend on each other)
-                si = tl.arange(0, SP)
-                sok = si < splits
-                m_all = _split_m(ml_base, si, sok, ci, GP)
-                l_all, a_all = _split_l_acc(ml_base, acc_base, si, sok, ci, di, GP, D)
-                wgt = tl.exp(m_all - _finite_top(m_all)[None, :])  # [SP, GP]; 0 for masked splits
+            if DEVICE_LENGTH:  # the grid's SP fits every length; this row's own count decides
+                at_once = used <= SB
+            else:
+                at_once = SP <= SB
+            if at_once:  # every split's m, l and acc in one round of loads (they do not depend on each other)
+                sa = tl.arange(0, SB)  # == SP where SP <= SB
+                sok = sa < used
+                m_all = _split_m(ml_base, sa, sok, ci, GP)
+                l_all, a_all = _split_l_acc(ml_base, acc_base, sa, sok, ci, di, GP, D)
+                wgt = tl.exp(m_all - _finite_top(m_all)[None, :])  # [SB, GP]; 0 for masked splits
                 l_sum = tl.sum(wgt * l_all, axis=0)
                 total = tl.sum(wgt[:, :, None] * a_all, axis=0)
             else:  # the maxima first, then the splits SB at a time
                 si = tl.arange(0, SP)
-                m_top = _finite_top(_split_m(ml_base, si, si < splits, ci, GP))
+                m_top = _finite_top(_split_m(ml_base, si, si < used, ci, GP))
                 l_sum = tl.zeros([GP], tl.float32)
                 total = tl.zeros([GP, D], tl.float32)
                 sj = tl.arange(0, SB)
-                for s0 in range(0, splits, SB):
+                for s0 in range(0, used, SB):
                     sidx = s0 + sj
-                    sok = sidx < splits
+                    sok = sidx < used
                     lb, ab = _split_l_acc(ml_base, acc_base, sidx, sok, ci, di, GP, D)
                     wgt = tl.exp(_split_m(ml_base, sidx, sok, ci, GP) - m_top[None, :])
                     l_sum += tl.sum(wgt * lb, axis=0)
@@ -324,13 +364,19 @@ def _counters(device) -> torch.Tensor:
 
 
 def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = False, chunk: int | None = None,
-              config=None, share=None):
+              config=None, share=None, pos=None):
     """Same contract as reference: returns [B, nkv, g, D] (contiguous, so .view(B, nh * D) is free).
 
-    chunk / config: see `plan` (None: the plan's choice for this device). share: see `_launch`."""
+    chunk / config: see `plan` (None: the plan's choice for this device). share: see `_launch`. bias None:
+    each row attends positions 0..pos (a long tensor, one a row or one for all), read on the device."""
     d = q.shape[2]
     q = q if q.stride(-1) == 1 and q.stride(1) == d else q.contiguous()
-    return _launch(q, q.shape[1], k_cache, v_cache, bias, scale, None, block_n, pdl, chunk, config, share)
+    lengths = None
+    if bias is None:
+        require(pos is not None and pos.numel() in (1, q.shape[0]) and pos.device == q.device
+                and not pos.is_floating_point(), "attention without a bias takes pos: one position or one a row")
+        lengths = (pos, 1 if pos.numel() > 1 else 0)
+    return _launch(q, q.shape[1], k_cache, v_cache, bias, scale, None, block_n, pdl, chunk, config, share, lengths)
 
 
 def rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
@@ -351,8 +397,12 @@ def bias_row_stride(bias, b: int) -> int:
     return bias.shape[-1] if bias.dim() > 1 and bias.shape[0] == b > 1 else 0
 
 
-def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share=None):
+def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share=None, lengths=None):
     """q: [B, nh, D] rows (rope None), or qkv rows [B, (nh + 2 nkv) * D] with rope's tensors and strides.
+
+    bias None: each row attends positions 0..its position (rope's pos, else `lengths`: (pos, row stride)). One
+    launch shape then serves every length up to the caches' room (plan's device_length), so a graph captured
+    once holds for all of them.
 
     share: None, or an integer tensor [2, >= B]: row b reads cache positions below share[1, b] from row
     share[0, b] instead of its own. Takes of one prompt hold identical copies of its K/V (one prefill copied
@@ -362,17 +412,26 @@ def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, con
     b = q.shape[0]
     nkv, d = k_cache.shape[1], k_cache.shape[-1]
     g = nh // nkv
-    window = bias.shape[-1]
-    require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and bias.is_contiguous(), "contiguous caches and bias")
+    device_length = bias is None
+    window = k_cache.shape[2] if device_length else bias.shape[-1]
+    require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and (device_length or bias.is_contiguous()),
+            "contiguous caches and bias")
     out = torch.empty(b, nkv, g, d, dtype=q.dtype, device=q.device)
-    p = plan(b, nkv, window, sm_count(q.device), chunk, config, block_n, fused=rope is not None)
+    p = plan(b, nkv, window, sm_count(q.device), chunk, config, block_n, fused=rope is not None,
+             device_length=device_length)
     single, split = _kernel()
-    args = (q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), bias_row_stride(bias, b),
-            window)
-    rope_args = rope if rope is not None else (q, q, q, q, 0, 0, 0.0)
+    args = (q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0),
+            0 if device_length else bias_row_stride(bias, b), window)
+    if rope is not None:
+        rope_args = rope
+    elif lengths is not None:
+        rope_args = (q, q, q, lengths[0], lengths[1], 0, 0.0)
+    else:
+        rope_args = (q, q, q, q, 0, 0, 0.0)
+    bias = q if device_length else bias  # a placeholder pointer: the kernel reads no bias
     flags = {"ROPE": rope is not None, "NH": nh, "NKV": nkv,
              "EMULATE_RNE": q.dtype == torch.bfloat16 and interpreting()}
-    if p["splits"] == 1:
+    if p["splits"] == 1 and not device_length:
         single[(b, nkv)](q, k_cache, v_cache, bias, out, *args, float(scale), *rope_args, G=g,
                          GP=max(next_pow2(g), 1), D=d, BLOCK_N=p["BLOCK_N"], **flags, num_warps=p["num_warps"],
                          **launch_options(pdl))
@@ -390,9 +449,9 @@ def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, con
                 "share: an integer tensor [2, >= rows] on the caches' device (source row, shared length)")
     share_args = (share, share.stride(0)) if share is not None else (q, 0)
     split[(b, nkv, p["splits"])](
-        q, k_cache, v_cache, bias, out, part, ml, counters, *args, p["chunk"], float(scale), *rope_args,
-        *share_args, SHARE=share is not None, G=g, GP=gp, R=max(16, gp) if dot else gp, D=d, BLOCK_N=p["BLOCK_N"],
-        SP=p["SP"], SB=p["SB"], USE_DOT=dot,
+        q, k_cache, v_cache, bias, out, part, ml, counters, *args, p["chunk"], p["want"], float(scale), *rope_args,
+        *share_args, SHARE=share is not None, DEVICE_LENGTH=device_length, G=g, GP=gp, R=max(16, gp) if dot else gp,
+        D=d, BLOCK_N=p["BLOCK_N"], SP=p["SP"], SB=p["SB"], USE_DOT=dot,
         IEEE=q.dtype == torch.float32 or interpreting(), **flags, num_warps=p["num_warps"],
         num_stages=p["num_stages"], **launch_options(pdl))
     return out

@@ -235,18 +235,24 @@ def _share_tensor(share, device):
 
 
 def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, filled=9, seed=0, block_n=16,
-                    per_row=False, lengths=None, chunk=None, config=None, share=None):
+                    per_row=False, lengths=None, chunk=None, config=None, share=None, device_length=False):
     """per_row: row i sees `filled - i` positions (a [B, 1, 1, W] bias, rows of different lengths);
     lengths: each row's own count of visible positions instead (per-row bias). chunk / config: the
     launch plan (attention.plan; None: the plan's choice). share: [(source row, length)] a row, which the
     kernel gets while the reference reads caches whose prefixes were copied that way (the rows' own prefixes
-    differ, so a kernel that ignored it fails). Returns the plan that ran."""
+    differ, so a kernel that ignored it fails). device_length: no bias; the kernel gets each row's last
+    position (its count - 1) and reads it on the device, over all `seq` positions of the caches (`window` is
+    unused). Returns the plan that ran."""
     from . import attention as k
 
     q = _rand((b, nh, d), dtype, device, seed)
     kc = _rand((b, nkv, seq, d), dtype, device, seed + 1)
     vc = _rand((b, nkv, seq, d), dtype, device, seed + 2)
-    if per_row or lengths is not None:
+    pos = None
+    if device_length:
+        counts = lengths if lengths is not None else [max(1, filled - i) for i in range(b)] if per_row else [filled]
+        pos, bias, window = torch.tensor(counts, device=device) - 1, None, seq
+    elif per_row or lengths is not None:
         seen = lengths if lengths is not None else [max(1, filled - i) for i in range(b)]
         seen = torch.tensor(seen)[:, None]
         bias = torch.where(torch.arange(window)[None] < seen, 0.0, float("-inf"))[:, None, None]
@@ -254,22 +260,25 @@ def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, fi
     else:
         bias = torch.where(torch.arange(window) < filled, 0.0, float("-inf")).to(dtype).to(device)
     scale = d ** -0.5
-    launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk, config, block_n)
+    launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk, config, block_n,
+                    device_length=device_length)
     seen_k, seen_v = (kc, vc) if share is None else (_shared_prefix(kc, share), _shared_prefix(vc, share))
     _close(k.attention(q, kc, vc, bias, scale, block_n=block_n, chunk=chunk, config=config,
-                       share=_share_tensor(share, device)),
-           k.reference(q, seen_k, seen_v, bias, scale), ATTN_TOL[dtype],
-           f"attention {dtype} B={b} W={window} splits={launch['splits']} chunk={launch['chunk']}")
+                       share=_share_tensor(share, device), pos=pos),
+           k.reference(q, seen_k, seen_v, bias, scale, pos=pos), ATTN_TOL[dtype],
+           f"attention {dtype} B={b} W={window} splits={launch['splits']} chunk={launch['chunk']} "
+           f"device_length={device_length}")
     return launch
 
 
 def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=16, pos=9, seed=0, per_row=False,
-                         chunk=None, pad=64, config=None, share=None):
+                         chunk=None, pad=64, config=None, share=None, device_length=False):
     """The fused q/k norm + RoPE + cache write + attention against the two reference ops: the output, and
     both caches after the write. per_row: row i at position pos - i with its own RoPE row and bias row
     (it sees positions 0..pos - i). chunk / config: the launch plan (attention.plan). share: as check_attention
     (lengths at most each row's position; the kernel's caches keep their own prefixes, the reference's are
-    copied). Returns the plan that ran."""
+    copied). device_length: no bias, each row's length read from its position on the device, over all `seq`
+    positions (`window` unused). Returns the plan that ran."""
     from . import attention as k
 
     positions = [max(0, pos - i) for i in range(b)] if per_row else [pos]
@@ -279,14 +288,18 @@ def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=1
     seen = torch.tensor(positions)[:, None] + 1
     bias = torch.where(torch.arange(window)[None] < seen, 0.0, float("-inf")).to(dtype)
     bias = (bias[:, None, None] if per_row else bias[0]).contiguous().to(device)
+    if device_length:
+        bias, window = None, seq
     scale = d ** -0.5
     want = k.rope_reference(qkv, w, cos, sin, 1e-6, caches[0], caches[1], p, bias, scale, nh, nkv)
     got = k.rope_attention(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, bias, scale, nh, nkv, chunk=chunk,
                            config=config, share=_share_tensor(share, device))
     if share is not None:  # the prefixes the kernel read elsewhere are still each row's own: compare the rest
         mine = [_shared_prefix(c, share) for c in mine]
-    launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk, config, fused=True)
-    what = f"rope_attention {dtype} B={b} W={window} pos={positions} splits={launch['splits']}"
+    launch = k.plan(b, nkv, window, sm_count(torch.device(device)), chunk, config, fused=True,
+                    device_length=device_length)
+    what = (f"rope_attention {dtype} B={b} W={window} pos={positions} splits={launch['splits']} "
+            f"device_length={device_length}")
     _close(got, want, ATTN_TOL[dtype], what + " out")
     _close(mine[0], caches[0], ROPE_TOL[dtype], what + " k_cache")
     _verdict(torch.equal(mine[1], caches[1]), what + " v_cache differs")

@@ -90,3 +90,54 @@ def test_split_in_cuda_graph(dot, pdl):
         torch.cuda.synchronize()
         assert torch.equal(out, first)
     assert int(ka._counters(out.device).abs().sum()) == 0
+
+
+def room_lengths(b: int, room: int) -> list:
+    """Rows from near the room down to one position, across the chunk sizes' changes (a length's chunks grow
+    past `want` chunks of MIN_CHUNK)."""
+    picks = [room - 1, 2113, 1000, 300, 33, 1, 4000, 257]
+    return [picks[i % len(picks)] for i in range(b)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b", [1, 4, 16])
+@pytest.mark.parametrize("dot", [False, True], ids=["fma", "dot"])
+def test_device_length(dtype, b, dot):
+    """No bias: each row's length read from its position on the device, over a 4096-position room (the
+    engine's default max_seq_len), plain and fused with q/k norm + RoPE + the cache write."""
+    for i, length in enumerate(room_lengths(b, 4096)[:3] if b == 1 else [None]):
+        seen = [length] if length else room_lengths(b, 4096)
+        st.check_attention(DEV, dtype, b, NH, NKV, D, seq=4096, lengths=seen, seed=b + i, config={"USE_DOT": dot},
+                           device_length=True)
+    st.check_rope_attention(DEV, dtype, b, NH, NKV, D, seq=4096, pos=2500, per_row=b > 1, seed=b,
+                            config={"USE_DOT": dot}, device_length=True)
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_device_length_in_cuda_graph(pdl):
+    """One capture serves every length: replays after the rows' positions change (past the grid's first
+    chunks, down to one position) match the reference, twice with the same bits, and the counters re-arm."""
+    if pdl and not kpdl.support(DEV)[0]:
+        pytest.skip(kpdl.support(DEV)[1])
+    b, room, dt = 4, 4096, torch.bfloat16
+    q = torch.randn(b, NH, D, device=DEV, dtype=dt)
+    kc, vc = (torch.randn(b, NKV, room, D, device=DEV, dtype=dt) for _ in range(2))
+    pos = torch.tensor([10, 20, 30, 40], device=DEV)
+    ka.attention(q, kc, vc, None, D ** -0.5, pdl=pdl, pos=pos)  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ka.attention(q, kc, vc, None, D ** -0.5, pdl=pdl, pos=pos)
+    for seen in ([4095, 700, 3000, 0], [0, 1, 2112, 255], [33, 4000, 1024, 100]):
+        q.copy_(torch.randn_like(q))
+        kc.mul_(-1.5)
+        pos.copy_(torch.tensor(seen, device=DEV))
+        g.replay()
+        torch.cuda.synchronize()
+        first = out.clone()
+        torch.testing.assert_close(out.float(), ka.reference(q, kc, vc, None, D ** -0.5, pos=pos).float(),
+                                   atol=3.2e-2, rtol=3.2e-2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
+    assert int(ka._counters(out.device).abs().sum()) == 0
