@@ -3,7 +3,8 @@
     python bench/loop_overhead.py [--size 0.6b] [--takes 1] [--frames 200] [--out F.json]
 
 Loads the engine as the node does (random real-size CustomVoice checkpoint), captures its graphs with one short
-request, then times frames at cache positions 30 .. 30 + frames (the 256 window), median of 3, ms a frame
+request, then times frames at cache positions 30 .. 30 + frames (inside the torch attention's first window of 256; the
+Triton attention has one graph for every position), median of 3, ms a frame
 (a batched frame of `takes` rows):
   * replay: the frame graph of `takes` rows replayed back to back (host clock, synchronised around the run);
   * sustained: the same for 5 x frames in a row (does the GPU slow down under a long run?);
@@ -46,7 +47,7 @@ def timed(loop, frames: int) -> float:
 def frame_loops(eng, frames: int, takes: int = 1) -> dict:
     runner = eng.runner
     s = seat(runner, takes, START)
-    graph = runner._graph(256)
+    graph = runner._graph(runner._window(START))  # the graph a frame at START replays
 
     def reset():
         seat(runner, takes, START)
@@ -55,7 +56,7 @@ def frame_loops(eng, frames: int, takes: int = 1) -> dict:
         reset()
         for i in range(n):
             if i and i % frames == 0:
-                reset()  # stream-ordered: stay inside the 256 window without a sync
+                reset()  # stream-ordered: stay inside the first window without a sync
             graph.replay()
 
     def clones(sync_every=0):

@@ -47,6 +47,14 @@ def _cuda_tensors() -> list:
     return [(tuple(o.shape), str(o.dtype)) for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda]
 
 
+def _segments() -> list:
+    """The caching allocator's segments (for failure messages): (stream, pool, MiB reserved, sizes of the blocks
+    still allocated in it). A segment with any live block cannot be returned to the device."""
+    return [(seg["stream"], seg.get("segment_pool_id"), round(seg["total_size"] / MIB, 1),
+             [b["size"] for b in seg["blocks"] if b["state"] == "active_allocated"])
+            for seg in torch.cuda.memory_snapshot()]
+
+
 def _figure(**values):
     print(json.dumps(values))
 
@@ -117,7 +125,8 @@ def test_gpu_release_frees_graphs_pools_and_memory(tiny_checkpoints):
         assert after_alloc <= base_alloc + MIB, (
             f"cycle {cycle}: {(after_alloc - base_alloc) / MIB:.1f} MiB still allocated after release(); "
             f"live CUDA tensors: {_cuda_tensors()[:20]}")
-        assert after_res <= base_res + 2 * MIB, f"cycle {cycle}: memory pools still reserved after release()"
+        assert after_res <= base_res + 2 * MIB, (
+            f"cycle {cycle}: memory pools still reserved after release(); segments left: {_segments()}")
         del eng
     _figure(test="gpu_release", cycles=len(rows), base_alloc_mib=round(base_alloc / MIB, 1),
             base_reserved_mib=round(base_res / MIB, 1),
