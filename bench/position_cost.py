@@ -81,8 +81,10 @@ def main() -> None:
         if args.positions:
             at = [(eng.runner._window(p), p) for p in args.positions]
         else:
-            windows = sorted(w for b, w in eng.runner.graphs if b == batch)
-            at = [(w, p) for w in windows for p in positions(w, WINDOW_STEP)]
+            windows = sorted(w for b, w in eng.runner.graphs if b == batch and w is not None)
+            if not windows:  # one graph for every position: the positions of main's windows up to the room
+                windows = list(range(WINDOW_STEP, eng.runner.max_seq_len + 1, WINDOW_STEP))
+            at = [(eng.runner._window(p), p) for w in windows for p in positions(w, WINDOW_STEP)]
         for window, pos in at:
             for shared in args.shared:
                 ms = frame_ms(eng.runner, batch, window, pos, shared)

@@ -661,3 +661,16 @@ def test_frames_with_device_lengths_equal_windowed_frames(tiny_checkpoints, monk
     got, n_got = decode_codes(engine, lengths, req, takes, params, seed=3)
     assert n_got == n_want
     assert torch.equal(got, want)
+
+
+def test_attention_o_proj_dispatch_without_a_bias():
+    """A room short enough for the fused attention + o_proj launch, with no bias (device lengths): the dispatch
+    runs the two ops instead (that launch takes a bias), and matches the torch references."""
+    qkv, w, cos, sin, caches, mine, pos = st._decode_token_case(DEV, torch.float32, 1, 4, 2, 32, 32, [9], 16, 3)
+    gen = torch.Generator().manual_seed(4)
+    weight, residual = torch.randn(48, 4 * 32, generator=gen), torch.randn(1, 1, 48, generator=gen)
+    args = (w, cos, sin, 1e-6)
+    fast = kernels.Kernels(("linear", "qk_norm_rope_kv", "attention", "attention_o_proj"))
+    got = fast.attention_o_proj(qkv, *args, *mine, pos, None, 0.2, 4, 2, weight, residual)
+    want = kernels.Kernels().attention_o_proj(qkv, *args, *caches, pos, None, 0.2, 4, 2, weight, residual)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -258,7 +258,7 @@ class GraphedFrames:
         self.trailing_rows = max_seq_len + 1
         self.capture_enabled = capture
         self.states: dict[int, FrameState] = {}
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int | None], torch.cuda.CUDAGraph] = {}  # (bucket, window; None: any)
         self.pool = None
         self.capture_seconds = 0.0  # frame graphs, whenever captured
         self.precapture_seconds = 0.0  # everything precapture() captured at load
@@ -347,8 +347,9 @@ class GraphedFrames:
             # when first reached.
             t0 = time.perf_counter()
             self._capture_windows(bucket)
-            log.info("frame graphs: captured the %d-row windows up to %d positions in %.2f s", bucket,
-                     self.precapture_window, time.perf_counter() - t0)
+            reach = "every position" if self.device_length else f"windows up to {self.precapture_window} positions"
+            log.info("frame graphs: captured the %d-row graphs (%s) in %.2f s", bucket, reach,
+                     time.perf_counter() - t0)
         s = self.s = self._state(bucket)
         self.slots = slots
         s.finished.fill_(True)  # every slot is empty until a row is admitted (padding rows stay so)
@@ -406,7 +407,7 @@ class GraphedFrames:
         if self.capture_enabled:
             if self.prefill_graphs is not None and (self.s.batch, window) not in self.graphs:
                 self.late_captures += 1  # after load: this request pays a capture
-                log.info("frame graphs: capturing %d rows x %d-position window during a request",
+                log.info("frame graphs: capturing %d rows x %s-position window during a request",
                          self.s.batch, window)
             self._graph(window).replay()
         else:

@@ -375,7 +375,7 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
     if bias is None:
         require(pos is not None and pos.numel() in (1, q.shape[0]) and pos.device == q.device
                 and not pos.is_floating_point(), "attention without a bias takes pos: one position or one a row")
-        lengths = (pos, 1 if pos.numel() > 1 else 0)
+        lengths = (pos, pos.stride(0) if pos.numel() > 1 else 0)
     return _launch(q, q.shape[1], k_cache, v_cache, bias, scale, None, block_n, pdl, chunk, config, share, lengths)
 
 
