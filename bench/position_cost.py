@@ -29,8 +29,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-if "--root" in sys.argv:  # the engine of another tree (imported before this tree's, which stays for the benches)
-    sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
 
 from engine_probe import load_captured, seat
 from timing import best_of, mean_gpu_ms
@@ -63,10 +61,12 @@ def main() -> None:
     ap.add_argument("--attention", default="", help="JSON: entries of engine.kernels.attention.CONFIG to override")
     ap.add_argument("--shared", type=int, nargs="+", default=[0], help="shared prompt lengths to measure")
     ap.add_argument("--positions", type=int, nargs="+", help="cache positions to time (default: per window)")
-    ap.add_argument("--root", help="the tree whose engine runs (read before the imports)")
+    ap.add_argument("--root", type=Path, help="the tree whose engine runs")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.root:  # the engine of another tree, imported below (this tree's bench modules stay)
+        sys.path.insert(0, str(args.root))
 
     from engine.gpu.buckets import batch_bucket
     from engine.gpu.frame_graph import WINDOW_STEP
@@ -92,7 +92,7 @@ def main() -> None:
                 print(f"{args.label} takes {takes} window {window} pos {pos:4d} shared {shared:4d}: "
                       f"{ms:.4f} ms a frame", flush=True)
     out = {"gpu": torch.cuda.get_device_name(), "size": args.size, "label": args.label,
-           "root": args.root or str(ROOT), "frame_graphs_after": len(eng.runner.graphs),
+           "root": str(args.root or ROOT), "frame_graphs_after": len(eng.runner.graphs),
            "attention_config": attention.CONFIG, "rows": rows}
     if args.out:
         args.out.write_text(json.dumps(out, indent=1))

@@ -28,8 +28,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-if "--root" in sys.argv:  # the engine of another tree (imported before this tree's, which stays for the benches)
-    sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
 
 from engine_probe import request_wall_s
 from gpu_bench import checkpoint
@@ -42,9 +40,11 @@ def main() -> None:
     ap.add_argument("--takes", type=int, nargs="+", default=[2, 3, 4, 8, 16])
     ap.add_argument("--warm-takes", type=int, default=1)
     ap.add_argument("--long", type=int, nargs="*", default=[], help="frame counts of one-take long requests")
-    ap.add_argument("--root", help="the tree whose engine runs (read before the imports)")
+    ap.add_argument("--root", type=Path, help="the tree whose engine runs")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.root:  # the engine of another tree, imported below (this tree's bench modules stay)
+        sys.path.insert(0, str(args.root))
     from engine import Engine
 
     t0 = time.perf_counter()
@@ -78,7 +78,7 @@ def main() -> None:
         steady[takes] = 1000 * statistics.median(spans) / 200
         print(f"steady {takes} takes: {steady[takes]:.3f} ms a frame", file=sys.stderr, flush=True)
     out = {"device": gpu_tag(), "size": args.size, "warm_takes": args.warm_takes, "load_s": load_s,
-           "notes": eng.info.notes, "first_use": rows, "long": long_rows, "root": args.root or str(ROOT),
+           "notes": eng.info.notes, "first_use": rows, "long": long_rows, "root": str(args.root or ROOT),
            "steady_ms_per_frame": steady}
     lines = ["| takes | first request ms | again ms | frame capture s | codec capture s | reserved GB "
              "| steady ms a frame |", "|---|---|---|---|---|---|---|"]

@@ -8,11 +8,10 @@ The torch attention (Triton off) attends over a window of WINDOW_STEP positions 
 one graph per window. Everything a frame reads or writes lives in static buffers owned by `FrameState` (one
 per batch bucket): the talker hidden state, each row's position, frame counter and frame budget, the per-row
 stream keys, the repetition-penalty mask, the finished flags, the sampling settings and each row's trailing
-text. Rows
-may hold different prompts: the talker attention masks each row at its own length (inside one window, the
-bucket of the longest row, on the torch path), RoPE and the cache write use each row's position. A
-finished row stops advancing, so it never writes past its own cache room. Replaying never syncs the
-host; the decode loop reads the finished flags once per chunk and admits new rows between replays.
+text. Rows may hold different prompts: the talker attention masks each row at its own length (inside one
+window, the bucket of the longest row, on the torch path), RoPE and the cache write use each row's position.
+A finished row stops advancing, so it never writes past its own cache room. Replaying never syncs the host;
+the decode loop reads the finished flags once per chunk and admits new rows between replays.
 """
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ import torch
 
 from .. import sampling
 from ..decode import device_longs, prefill_into, trailing_table
+from ..kernels.attention import position_bias
 from ..model.kv_cache import runs
 from . import graph_sampling
 from .buckets import bucket_for
@@ -225,10 +225,7 @@ def frame_body(talker, fused: dict, s: FrameState, window: int | None) -> None:
     x = pred.embedding_sum([c0_embed, *embeds])  # == residual_embedding_sum(rest, c0_embed)
     x = x + s.trailing.index_select(0, s.trailing_start + torch.minimum(s.t, s.trailing_last))
     # Each row sees its own positions 0..pos: [B, 1, 1, window] broadcasts over heads and the query.
-    bias = None
-    if window is not None:
-        bias = torch.where(torch.arange(window, device=x.device)[None] <= s.pos[:, None], 0.0, float("-inf"))
-        bias = bias.to(x.dtype)[:, None, None]
+    bias = None if window is None else position_bias(s.pos, s.batch, window, x.dtype)
     # The rows' RoPE angles are looked up, not computed: two gathers instead of ~9 small kernels a frame (the
     # table is the same elementwise ops over every position, so the values are the same bits).
     rope = (s.rope_table[0].index_select(0, s.pos), s.rope_table[1].index_select(0, s.pos))
@@ -328,10 +325,8 @@ class GraphedFrames:
         """The frame graphs of `bucket` rows for every window up to the precapture window (one graph where the
         attention reads the lengths on the device)."""
         self.s = self._state(bucket)
-        if self.device_length:
-            self._graph(None)
-            return
-        for window in range(WINDOW_STEP, min(self.precapture_window, self.max_seq_len) + 1, WINDOW_STEP):
+        last = min(self.precapture_window, self.max_seq_len)
+        for window in [None] if self.device_length else range(WINDOW_STEP, last + 1, WINDOW_STEP):
             self._graph(window)
 
     def open(self, *, slots: int, params, eos_id: int, max_len: int, refills: bool = True) -> None:

@@ -148,9 +148,8 @@ class Kernels:
         those ops by their own switches."""
         fused = _module("attention_o_proj")
         b = qkv.shape[0]
-        window = k_cache.shape[2] if bias is None else bias.shape[-1]  # None: positions 0..pos of the room
-        # The fused launch takes a bias; without one (a room short enough to fit) the two ops run.
-        if "attention_o_proj" in self.active and bias is not None and fused.fits(b, window):
+        # The fused launch takes a bias; without one (each row's length read on the device) the two ops run.
+        if "attention_o_proj" in self.active and bias is not None and fused.fits(b, bias.shape[-1]):
             return fused.attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
                                           nh, nkv, weight, residual, pdl=self.pdl)
         out = self.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh,
