@@ -735,6 +735,7 @@ class Engine:
         for m in (self.talker, self.speaker_encoder, self.codec):
             if m is not None:
                 m.to("cpu")
+        self.builder.forget()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.device = torch.device("cpu")

@@ -22,6 +22,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 
 from engine import kernels
 from engine.kernels import selftest as st
+from engine.kernels.counters import SHARED
 
 DEV = "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -201,7 +202,7 @@ def test_attention_split_is_deterministic_and_rearms():
     bias = torch.where(torch.arange(96)[None] < torch.tensor([[96], [40]]), 0.0, float("-inf"))[:, None, None]
     first = ka.attention(q, kc, vc, bias, 0.2, chunk=16)
     assert torch.equal(first, ka.attention(q, kc, vc, bias, 0.2, chunk=16))
-    assert int(ka._counters(torch.device(DEV)).abs().sum()) == 0
+    assert int(SHARED.get("attention", torch.device(DEV)).abs().sum()) == 0
     torch.testing.assert_close(first, ka.reference(q, kc, vc, bias, 0.2), atol=1e-5, rtol=1e-5)
 
 
@@ -441,11 +442,29 @@ def test_linear_rows_past_one_tile():
 
 def test_linear_counters_rearm():
     """Split-K counters are left at zero, so a second launch (a graph replay) reduces again."""
-    from engine.kernels import linear as kl
 
     for _ in range(2):
         st.check_linear(DEV, torch.float32, 3, 48, 160, "none", True, config=SMALL_LINEAR, target=40)
-        assert int(kl._counters(torch.device(DEV)).abs().sum()) == 0
+        assert int(SHARED.get("linear", torch.device(DEV)).abs().sum()) == 0
+
+
+def test_engine_tables_own_their_counters(monkeypatch):
+    """A Kernels table's split launches count in its own counters (shared with its `without` tables), not
+    the process's SHARED set, so Engine.release can free them; they re-arm, and release drops them."""
+    from engine.kernels import counters as arrivals
+
+    shared = arrivals.Counters()
+    monkeypatch.setattr(arrivals, "SHARED", shared)
+    ks = kernels.Kernels(["linear", "attention"])
+    assert ks.without("attention").counters is ks.counters
+    x, w = torch.randn(3, 1, 160), torch.randn(48, 160) * 0.1
+    for _ in range(2):
+        y = ks.linear(x, w, config=SMALL_LINEAR, target=40)
+        torch.testing.assert_close(y, x @ w.T, atol=1e-4, rtol=1e-4)
+    assert int(ks.counters.get("linear", DEV).abs().sum()) == 0
+    assert not shared._made, "a table's launch counted in the shared set"
+    ks.counters.release()
+    assert not ks.counters._made
 
 
 def test_linear_unrolled_split_sum_same_bits(monkeypatch):

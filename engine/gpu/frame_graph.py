@@ -283,6 +283,8 @@ class GraphedFrames:
         if self.prefill_graphs is not None:
             self.prefill_graphs.release()
             self.prefill_graphs = None
+        if self.kernels is not None:
+            self.kernels.counters.release()  # after the graphs that baked their addresses
 
     def _window(self, position: int) -> int | None:
         """The attention window a frame at `position` runs in (its graph's key); None: every position."""

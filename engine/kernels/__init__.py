@@ -84,19 +84,21 @@ def _module(name: str):
 class Kernels:
     """Dispatch table of one engine instance: each op runs as Triton if its name is in `active`."""
 
-    def __init__(self, active=(), pdl=False):
+    def __init__(self, active=(), pdl=False, counters=None):
         unknown = set(active) - set(NAMES + OPTIONAL)
         if unknown:
             raise ValueError(f"unknown kernels {sorted(unknown)}; known: {NAMES + OPTIONAL}")
         self.active = tuple(n for n in NAMES + OPTIONAL if n in active)
         self.pdl = bool(pdl) and bool(self.active)  # launch with programmatic dependent launch (pdl.py)
+        # The split kernels' arrival counters (counters.py): this engine's own, shared with its `without` tables
+        self.counters = _module("counters").Counters() if counters is None else counters
 
     def __repr__(self) -> str:
         return f"Kernels(active={self.active}, pdl={self.pdl})"
 
     def without(self, name: str) -> Kernels:
         """The same table with `name` running as its torch reference."""
-        return Kernels([n for n in self.active if n != name], pdl=self.pdl)
+        return Kernels([n for n in self.active if n != name], pdl=self.pdl, counters=self.counters)
 
     def __bool__(self) -> bool:
         return bool(self.active)
@@ -110,7 +112,7 @@ class Kernels:
         return getattr(m, reference_fn)(*args, **kw)
 
     def linear(self, x, weight, **kw):
-        return self._run("linear", "linear", "reference", x, weight, **kw)
+        return self._run("linear", "linear", "reference", x, weight, triton_only={"counters": self.counters}, **kw)
 
     def rms_norm(self, x, weight, eps):
         return self._run("rms_norm", "rms_norm", "reference", x, weight, eps)
@@ -128,7 +130,7 @@ class Kernels:
         torch reference reads each row's own copy, which holds the same values. bias None: each row attends
         positions 0..pos (the kernel reads them on the device; the reference builds the mask over the room)."""
         return self._run("attention", "attention", "reference", q, k_cache, v_cache, bias, scale, pos=pos,
-                         triton_only={"share": share})
+                         triton_only={"share": share, "counters": self.counters})
 
     def rope_attention(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
                        share=None):
@@ -137,7 +139,7 @@ class Kernels:
         fused = _module("attention")
         if "rope_attention" in self.active and qkv.shape[0] >= fused.FUSE_MIN_ROWS:
             return fused.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
-                                        nh, nkv, pdl=self.pdl, share=share)
+                                        nh, nkv, pdl=self.pdl, share=share, counters=self.counters)
         q = self.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
         return self.attention(q, k_cache, v_cache, bias, scale, share, pos=pos)
 
@@ -151,7 +153,7 @@ class Kernels:
         # The fused launch takes a bias; without one (each row's length read on the device) the two ops run.
         if "attention_o_proj" in self.active and bias is not None and fused.fits(b, bias.shape[-1]):
             return fused.attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
-                                          nh, nkv, weight, residual, pdl=self.pdl)
+                                          nh, nkv, weight, residual, pdl=self.pdl, counters=self.counters)
         out = self.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh,
                                   nkv, share)
         return self.linear(out.reshape(b, 1, nh * k_cache.shape[-1]), weight, residual=residual)
@@ -161,7 +163,7 @@ class Kernels:
         and fits (mlp.fits: up to two rows), else the two linears by their own switch."""
         fused = _module("mlp")
         if "mlp" in self.active and fused.fits(x.numel() // x.shape[-1], x.shape[-1], down.shape[1]):
-            return fused.mlp(x, gate_up, norm_weight, eps, down, pdl=self.pdl)
+            return fused.mlp(x, gate_up, norm_weight, eps, down, pdl=self.pdl, counters=self.counters)
         gu = self.linear(x, gate_up, prologue="rms_norm", norm_weight=norm_weight, eps=eps)
         return self.linear(gu, down, prologue="silu_mul", residual=x)
 

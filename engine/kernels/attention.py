@@ -28,6 +28,7 @@ import functools
 
 import torch
 
+from . import counters as arrivals
 from . import interpreting
 from . import qk_norm_rope_kv as kq
 from ._util import next_pow2, require, sm_count
@@ -357,18 +358,13 @@ def _kernel():
     return attention_kernel, split_kernel
 
 
-@functools.cache
-def _counters(device) -> torch.Tensor:
-    """Split-KV arrival counters, one per (row, kv head); each launch leaves them at zero."""
-    return torch.zeros(1 << 12, dtype=torch.int32, device=device)
-
-
 def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = False, chunk: int | None = None,
-              config=None, share=None, pos=None):
+              config=None, share=None, pos=None, counters=None):
     """Same contract as reference: returns [B, nkv, g, D] (contiguous, so .view(B, nh * D) is free).
 
     chunk / config: see `plan` (None: the plan's choice for this device). share: see `_launch`. bias None:
-    each row attends positions 0..pos (a long tensor, one a row or one for all), read on the device."""
+    each row attends positions 0..pos (a long tensor, one a row or one for all), read on the device.
+    counters: the engine's arrival counters (counters.py; None: the shared set)."""
     d = q.shape[2]
     q = q if q.stride(-1) == 1 and q.stride(1) == d else q.contiguous()
     lengths = None
@@ -376,11 +372,13 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
         require(pos is not None and pos.numel() in (1, q.shape[0]) and pos.device == q.device
                 and not pos.is_floating_point(), "attention without a bias takes pos: one position or one a row")
         lengths = (pos, pos.stride(0) if pos.numel() > 1 else 0)
-    return _launch(q, q.shape[1], k_cache, v_cache, bias, scale, None, block_n, pdl, chunk, config, share, lengths)
+    return _launch(q, q.shape[1], k_cache, v_cache, bias, scale, None, block_n, pdl, chunk, config, share, lengths,
+                   counters)
 
 
 def rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
-                   block_n: int = 16, pdl: bool = False, chunk: int | None = None, config=None, share=None):
+                   block_n: int = 16, pdl: bool = False, chunk: int | None = None, config=None, share=None,
+                   counters=None):
     """qk_norm_rope_kv then attention in one launch; same arguments and results as `rope_reference`
     (qkv [B, (nh + 2 nkv) * D] or [B, 1, ...], pos one position or one per row, cos / sin to match)."""
     b = qkv.shape[0]
@@ -388,7 +386,8 @@ def rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, 
     per_row = kq._rows_at_own_positions(b, pos, cos, sin_signed)
     require(nkv == k_cache.shape[1], "the caches hold nkv heads")
     rope = (qk_norm_weight, cos, sin_signed, pos, 1 if per_row else 0, d if per_row else 0, float(eps))
-    return _launch(qkv2, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share)
+    return _launch(qkv2, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share,
+                   counters=counters)
 
 
 def bias_row_stride(bias, b: int) -> int:
@@ -397,7 +396,8 @@ def bias_row_stride(bias, b: int) -> int:
     return bias.shape[-1] if bias.dim() > 1 and bias.shape[0] == b > 1 else 0
 
 
-def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share=None, lengths=None):
+def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share=None, lengths=None,
+            counters=None):
     """q: [B, nh, D] rows (rope None), or qkv rows [B, (nh + 2 nkv) * D] with rope's tensors and strides.
 
     bias None: each row attends positions 0..its position (rope's pos, else `lengths`: (pos, row stride)). One
@@ -441,7 +441,7 @@ def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, con
     slots = b * nkv * p["splits"]
     part = torch.empty(slots, gp, d, dtype=torch.float32, device=q.device)
     ml = torch.empty(slots, 2, gp, dtype=torch.float32, device=q.device)
-    counters = _counters(q.device)
+    counters = arrivals.of(counters, "attention", q.device)
     require(b * nkv <= counters.numel(), "split-kv counters for every (row, kv head)")
     if share is not None:
         require(share.dim() == 2 and share.shape[0] == 2 and share.shape[1] >= b and share.stride(1) == 1

@@ -31,6 +31,7 @@ import functools
 import torch
 
 from . import attention as ka
+from . import counters as arrivals
 from . import interpreting
 from . import linear as kl
 from . import qk_norm_rope_kv as kq
@@ -133,10 +134,10 @@ def _kernel():
 
 
 def attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv, weight,
-                     residual, pdl=False, config=None):
+                     residual, pdl=False, config=None, counters=None):
     """Same arguments and result as `reference` (qkv [B, (nh + 2 nkv) * D] or [B, 1, ...]; pos one position
     or one per row, cos / sin and bias to match; weight [N, nh * D]; residual [B, 1, N]) -> [B, 1, N].
-    Needs fits(B, window); config overrides CONFIG."""
+    Needs fits(B, window); config overrides CONFIG; counters: the engine's arrival counters (counters.py)."""
     cfg = {**CONFIG, **(config or {})}
     b = qkv.shape[0]
     window = bias.shape[-1]
@@ -152,7 +153,7 @@ def attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache
     require(res.stride(-1) == 1, "contiguous residual rows")
     block_n = cfg["BLOCK_N"]
     n_blocks = -(-n // block_n)
-    counters = kl._counters(qkv.device)
+    counters = arrivals.of(counters, "linear", qkv.device)
     require(n_blocks <= counters.numel(), "split-k counters for every block")
     y = torch.empty(b, n, dtype=qkv.dtype, device=qkv.device)
     part = torch.empty(nkv, b, n, dtype=torch.float32, device=qkv.device)

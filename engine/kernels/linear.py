@@ -25,6 +25,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from . import counters as arrivals
 from . import interpreting
 from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
@@ -287,12 +288,6 @@ def norm_steps(k: int, block_k: int, block_m: int) -> int:
     return steps if steps * block_k * block_m <= UNROLL_NORM_VALUES else 0
 
 
-@functools.cache
-def _counters(device) -> torch.Tensor:
-    """Split-K arrival counters, one per column block; each launch leaves them at zero."""
-    return torch.zeros(1 << 16, dtype=torch.int32, device=device)
-
-
 def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132, prologue: str = "none") -> dict:
     """Launch parameters for an [m, k] x [k, n] decode matmul (pure Python, testable without a GPU).
 
@@ -322,11 +317,12 @@ def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132, prolo
 
 
 def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
-           config=None, target=None, pdl=False):
+           config=None, target=None, pdl=False, counters=None):
     """x [..., K] (or [..., 2K] for silu_mul) with rows contiguous; weight [N, K] row-major -> [..., N].
 
     Same contract as `reference`; rows beyond MAX_ROWS fall back to it (decode never has them).
-    pdl: launch with programmatic dependent launch (engine/kernels/pdl.py; the caller checked support)."""
+    pdl: launch with programmatic dependent launch (engine/kernels/pdl.py; the caller checked support).
+    counters: the engine's arrival counters (counters.py; None: the shared set)."""
     code = PROLOGUES[prologue]
     n, k = weight.shape
     lead = x.shape[:-1]
@@ -350,7 +346,7 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     res = residual.reshape(m, n) if residual is not None else y
     split = p["splits"] > 1
     part = torch.empty(p["splits"], m, n, dtype=torch.float32, device=x.device) if split else y
-    counters = _counters(x.device)
+    counters = arrivals.of(counters, "linear", x.device)
     require(p["n_blocks"] <= counters.numel(), "split-k counters for every block")
     _kernel()[(p["n_blocks"], p["splits"])](
         x2, x2.stride(0), weight, weight.stride(0), y, y.stride(0), res, res.stride(0),

@@ -32,6 +32,7 @@ import functools
 
 import torch
 
+from . import counters as arrivals
 from . import interpreting
 from . import linear as kl
 from ._util import next_pow2, require, sm_count
@@ -157,15 +158,10 @@ def _kernel():
     return mlp_kernel
 
 
-@functools.cache
-def _counters(device) -> torch.Tensor:
-    """[arrivals, summing programs done]; each launch leaves both at zero."""
-    return torch.zeros(2, dtype=torch.int32, device=device)
-
-
-def mlp(x, gate_up, norm_weight, eps, down, pdl=False, config=None):
+def mlp(x, gate_up, norm_weight, eps, down, pdl=False, config=None, counters=None):
     """Same arguments and result as `reference`: x [B, 1, H] or [B, H] (B <= FUSE_ROWS), gate_up [2I, H] and
-    down [H, I] row-major -> like x. config overrides CONFIG."""
+    down [H, I] row-major -> like x. config overrides CONFIG. counters: the engine's arrival counters
+    (counters.py; None: the shared set)."""
     lead = x.shape[:-1]
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
@@ -180,8 +176,9 @@ def mlp(x, gate_up, norm_weight, eps, down, pdl=False, config=None):
     require(p["C"] <= p["programs"], "more programs than summing programs")
     y = torch.empty(m, hidden, dtype=x.dtype, device=x.device)
     part = torch.empty(p["programs"], m, hidden, dtype=torch.float32, device=x.device)
+    counters = arrivals.of(counters, "mlp", x.device)
     _kernel()[(p["programs"],)](
-        x2, x2.stride(0), norm_weight, gate_up, down, y, y.stride(0), part, _counters(x.device), m, float(eps),
+        x2, x2.stride(0), norm_weight, gate_up, down, y, y.stride(0), part, counters, m, float(eps),
         H=hidden, I=inter, BI=p["BI"], BK=p["BK"], BLOCK_M=p["BLOCK_M"], C=p["C"], CW=p["CW"], PP=p["PP"],
         PR=p["PR"], PRELOAD_DOWN=p["PRELOAD_DOWN"], EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
         num_warps=p["num_warps"], **launch_options(pdl))

@@ -11,6 +11,7 @@ from engine import kernels
 from engine.kernels import attention as ka
 from engine.kernels import pdl as kpdl
 from engine.kernels import selftest as st
+from engine.kernels.counters import SHARED
 
 DEV = "cuda"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -89,7 +90,7 @@ def test_split_in_cuda_graph(dot, pdl):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
-    assert int(ka._counters(out.device).abs().sum()) == 0
+    assert int(SHARED.get("attention", out.device).abs().sum()) == 0
 
 
 def room_lengths(b: int, room: int) -> list:
@@ -140,4 +141,4 @@ def test_device_length_in_cuda_graph(pdl):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
-    assert int(ka._counters(out.device).abs().sum()) == 0
+    assert int(SHARED.get("attention", out.device).abs().sum()) == 0

@@ -8,6 +8,7 @@ pytestmark = pytest.mark.gpu
 
 from engine import kernels
 from engine.kernels import selftest as st
+from engine.kernels.counters import SHARED
 
 DEV = "cuda"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -203,7 +204,6 @@ def test_attention_o_proj_in_cuda_graph():
     """pos is read on the device: one captured graph writes k / v wherever pos points at replay and
     attends with them; the split-K counters are left armed for the next replay."""
     from engine.kernels import attention_o_proj as kao
-    from engine.kernels import linear as kl
 
     b, nh, nkv, d, window = 1, 16, 8, 128, 16
     dt = torch.bfloat16
@@ -232,7 +232,7 @@ def test_attention_o_proj_in_cuda_graph():
     filled = (vc.abs().sum((0, 1, 3)) > 0).nonzero().flatten().tolist()
     assert filled == [3, window - 2], filled
     assert torch.equal(kc.abs().sum((0, 1, 3)) > 0, vc.abs().sum((0, 1, 3)) > 0)
-    assert int(kl._counters(torch.device(DEV)).abs().sum()) == 0
+    assert int(SHARED.get("linear", torch.device(DEV)).abs().sum()) == 0
 
 
 SAMPLE_CASES = st.SAMPLE_CASES
@@ -260,13 +260,12 @@ def test_sample_distribution_chi_square(top_k, top_p, temperature):
 def test_mlp(dtype, m):
     """The one-launch MLP at the 0.6B and 1.7B widths with the GPU's summing programs (the last H / CW arrivals
     wait for the rest), at the default launch shape and another, three launches in a row each."""
-    from engine.kernels import mlp as km
 
     for hidden, inter in st.MLP_SHAPES:
         for cfg in (None, {"BI": 8, "num_warps": 4, "PRELOAD_DOWN": True, "CW": 16}):
             launch = st.check_mlp(DEV, dtype, m, hidden, inter, seed=m + hidden, config=cfg, repeats=3)
             assert launch["C"] > 1
-    assert int(km._counters(torch.device(DEV)).abs().sum()) == 0
+    assert int(SHARED.get("mlp", torch.device(DEV)).abs().sum()) == 0
 
 
 def test_mlp_in_cuda_graph_with_pdl():
@@ -297,4 +296,4 @@ def test_mlp_in_cuda_graph_with_pdl():
         g.replay()
         assert torch.equal(y, want)  # deterministic: the partials are summed in a fixed order
     torch.cuda.synchronize()
-    assert int(km._counters(torch.device(DEV)).abs().sum()) == 0
+    assert int(SHARED.get("mlp", torch.device(DEV)).abs().sum()) == 0
