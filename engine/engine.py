@@ -281,11 +281,9 @@ class Engine:
         self.info.graph_bytes = max(torch.cuda.memory_reserved(self.device) - reserved_before, 0)
         taken = self.info.graph_bytes / 1e9
         rows = " and ".join(str(b) for b in warm_buckets(self.warm_takes))
-        reach = (f"each for every position up to {self.max_seq_len}" if graphed.device_length
-                 else f"windows up to {PRECAPTURE_WINDOW} positions")
-        self.info.notes.append(f"CUDA graphs: on ({len(graphed.graphs)} frame graphs of {rows} rows, {reach}, in "
-                               f"{graphed.capture_seconds:.2f} s; {prefill_note}; graphs and their static buffers "
-                               f"take {taken:.2f} GB)")
+        self.info.notes.append(f"CUDA graphs: on ({len(graphed.graphs)} frame graphs of {rows} rows, "
+                               f"{graphed.reach}, in {graphed.capture_seconds:.2f} s; {prefill_note}; graphs and "
+                               f"their static buffers take {taken:.2f} GB)")
         if codec.failure is not None:  # CodecGraphs logged the warning; the frame graphs stay on
             self.codec_graphs = None
             codec.release()

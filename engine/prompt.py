@@ -127,14 +127,14 @@ class PromptBuilder:
 
     def _once(self, embed, ids: tuple) -> torch.Tensor:
         """embed(ids) [len(ids), H], made at the first call and then shared by every prompt (read only)."""
-        device = self._device()
-        key = (embed.__name__, ids, device)  # a released engine's weights run on the CPU
+        key = (embed.__name__, ids)
         if key not in self._fixed:
-            self._fixed[key] = embed(torch.tensor(ids, dtype=torch.long, device=device))
+            self._fixed[key] = embed(torch.tensor(ids, dtype=torch.long, device=self._device()))
         return self._fixed[key]
 
     def forget(self) -> None:
-        """Drop the fixed embeddings (their device memory; Engine.release). They are made again on next use."""
+        """Drop the fixed embeddings (their device memory; Engine.release moves the weights to the CPU). They are
+        made again, where the weights are, on next use."""
         self._fixed.clear()
 
     def _fixed_text(self, ids: tuple) -> torch.Tensor:

@@ -262,8 +262,6 @@ def test_attention_device_length_grows_chunks():
 
 def test_attention_device_length_kernels_dispatch():
     """Kernels.attention with no bias: the Triton launch and the torch reference (the mask built over the room)."""
-    from engine import kernels
-
     q, kc, vc = (torch.randn(shape) for shape in ((2, 4, 32), (2, 2, 100, 32), (2, 2, 100, 32)))
     pos = torch.tensor([80, 5])
     got = kernels.Kernels(["attention"]).attention(q, kc, vc, None, 0.2, pos=pos)

@@ -286,6 +286,13 @@ class GraphedFrames:
         if self.kernels is not None:
             self.kernels.counters.release()  # after the graphs that baked their addresses
 
+    @property
+    def reach(self) -> str:
+        """The positions each bucket's graphs captured at its first use serve (notes and logs)."""
+        if self.device_length:
+            return f"each for every position up to {self.max_seq_len}"
+        return f"windows up to {self.precapture_window} positions"
+
     def _window(self, position: int) -> int | None:
         """The attention window a frame at `position` runs in (its graph's key); None: every position."""
         if self.device_length:
@@ -344,8 +351,7 @@ class GraphedFrames:
             # when first reached.
             t0 = time.perf_counter()
             self._capture_windows(bucket)
-            reach = "every position" if self.device_length else f"windows up to {self.precapture_window} positions"
-            log.info("frame graphs: captured the %d-row graphs (%s) in %.2f s", bucket, reach,
+            log.info("frame graphs: captured the %d-row graphs (%s) in %.2f s", bucket, self.reach,
                      time.perf_counter() - t0)
         s = self.s = self._state(bucket)
         self.slots = slots

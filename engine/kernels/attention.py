@@ -108,13 +108,7 @@ def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None
     want = max(1, cfg["PROGRAMS_PER_SM"] * sms // max(1, b * nkv))
     if device_length:
         least = chunk or cfg["MIN_CHUNK"]
-        splits = max(1, min(want, -(-window // least)))
-        block = min(cfg["BLOCK_N"], next_pow2(least))
-        block = max(16, block) if cfg["USE_DOT"] else block
-        sp = next_pow2(splits)
-        return {"splits": splits, "chunk": least, "want": want, "BLOCK_N": block,
-                "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "USE_DOT": bool(cfg["USE_DOT"]),
-                "SP": sp, "SB": min(sp, cfg["COMBINE_BLOCK"])}
+        return _split_plan(cfg, max(1, min(want, -(-window // least))), least, want)
     one = {"splits": 1, "chunk": window, "BLOCK_N": block_n, "num_warps": cfg["FUSED_ONE_WARPS" if fused else "ONE_WARPS"]}
     if chunk is None:
         if window < SPLIT_MIN_WINDOW:
@@ -125,11 +119,17 @@ def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None
     if chunk >= window:
         return one
     splits = -(-window // chunk)
+    return _split_plan(cfg, splits, chunk, splits)
+
+
+def _split_plan(cfg: dict, splits: int, chunk: int, want: int) -> dict:
+    """The split path's launch: `splits` programs a (row, kv head) over chunks of `chunk` positions (with device
+    lengths, the least chunk), each row spread over at most `want` of them."""
     block = min(cfg["BLOCK_N"], next_pow2(chunk))
     if cfg["USE_DOT"]:
         block = max(16, block)
     sp = next_pow2(splits)
-    return {"splits": splits, "chunk": chunk, "want": splits, "BLOCK_N": block, "num_warps": cfg["num_warps"],
+    return {"splits": splits, "chunk": chunk, "want": want, "BLOCK_N": block, "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"], "USE_DOT": bool(cfg["USE_DOT"]), "SP": sp,
             "SB": min(sp, cfg["COMBINE_BLOCK"])}
 
