@@ -18,19 +18,25 @@ class Counters:
     capture: made inside a capture they would be the graph's own memory, zeroed on every replay)."""
 
     def __init__(self):
-        self._made: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self._made: dict[tuple, torch.Tensor] = {}  # (kind, device as asked for) -> one tensor a device
 
     def get(self, kind: str, device) -> torch.Tensor:
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        key = (kind, device)
-        if key not in self._made:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        made = self._made.get((kind, device))  # every launch asks: one dict lookup when the set exists
+        return made if made is not None else self._make(kind, device)
+
+    def _make(self, kind: str, device) -> torch.Tensor:
+        asked = torch.device(device)
+        where = asked
+        if where.type == "cuda" and where.index is None:  # "cuda": the current device's set, looked up each time
+            where = torch.device("cuda", torch.cuda.current_device())
+        if (kind, where) not in self._made:
+            if where.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(f"{kind} arrival counters first asked for inside a CUDA graph capture: "
                                    "run the body once before capturing it (engine/gpu/capture.py does)")
-            self._made[key] = torch.zeros(SIZES[kind], dtype=torch.int32, device=device)
-        return self._made[key]
+            self._made[(kind, where)] = torch.zeros(SIZES[kind], dtype=torch.int32, device=where)
+        if asked == where:  # the same device by another name ("cpu", "cuda:0"): found at once next time
+            self._made[(kind, device)] = self._made[(kind, where)]
+        return self._made[(kind, where)]
 
     def release(self) -> None:
         """Drop every counter (the graphs that baked their addresses must be gone first)."""
