@@ -25,8 +25,12 @@ every W_p (64 KB a phase at K = 2048), as the persistent pass does. Ways of join
                 memory with cp.async, STAGES phases ahead (1: the next phase's tile flies while the grid
                 waits, 2: the next two), so HBM streams while the grid waits and no registers are held
                 across the barrier. The barrier is split: a program counts itself in after its store, asks
-                for the next tile, and waits for the count just before it reads x. (Asking before counting
-                in serialises the two: the release waits for the thread's copies in flight.)
+                for the next tile, and waits for the count just before it reads x. (So no copy of the
+                thread's is in flight at its release; asking before counting in measured 0.1 µs slower.)
+  smem_free     smem2 without the wait (wrong results): the floor of streaming through cp.async.
+  smem_resident smem2's barrier chain over one tile loaded once (every phase multiplies by W_0; no stream):
+                the cost of the chain itself (barrier, x from L2, the tile from shared memory, the sum).
+                These two tell which of the two bounds smem2's time.
   tagged1, tagged2
                 as smem1 / smem2, but no barrier and no atomics between phases: every activation is stored as
                 32-bit words, the bf16 value in the low half and the phase's tag in the high half, and a
@@ -164,7 +168,7 @@ def gluon_chain():
 
     @gluon.jit
     def chained_smem(w_ptr, act_ptr, bar_ptr, PHASES: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-                     BN: gl.constexpr, STAGES: gl.constexpr):
+                     BN: gl.constexpr, STAGES: gl.constexpr, WAIT: gl.constexpr, STREAM: gl.constexpr):
         WARPS: gl.constexpr = gl.num_warps()
         L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
         S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -175,24 +179,26 @@ def gluon_chain():
         tile = gl.expand_dims(rn, 1) * K + gl.expand_dims(rk, 0)
         buf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, K], S)
         for s in gl.static_range(STAGES):
-            if s < PHASES:
+            if s < PHASES and (STREAM or s == 0):
                 cp.async_copy_global_to_shared(buf.index(s), w_ptr + s * N * K + tile)
             cp.commit_group()
         for p in range(PHASES):
-            if p > 0:
+            if WAIT and p > 0:
                 seen = ld_acquire(bar_ptr)
                 while seen < p * grid:
                     seen = ld_acquire(bar_ptr)
             cp.wait_group(STAGES - 1)  # phase p's group; the STAGES - 1 after it may still fly
             gl.thread_barrier()
-            w = buf.index(p % STAGES).load(L)
+            if STREAM:
+                w = buf.index(p % STAGES).load(L)
+            else:
+                w = buf.index(0).load(L)
             x = gl.load(act_ptr + p * N + rk, cache_modifier=".cg").to(gl.float32)
             y = gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), axis=1)
             gl.store(act_ptr + (p + 1) * N + rn, y.to(gl.bfloat16))
             gl.thread_barrier()  # every thread's store is issued, and its reads of the slot done
             gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-            # only now the next copy: a release waits for the thread's copies still in flight
-            if p + STAGES < PHASES:
+            if STREAM and p + STAGES < PHASES:  # after the release, which this copy can then never hold up
                 cp.async_copy_global_to_shared(buf.index(p % STAGES), w_ptr + (p + STAGES) * N * K + tile)
             cp.commit_group()  # one group a phase, empty at the end, so wait_group counts phases
         done = gl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
@@ -353,9 +359,11 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
         fn.decode = decode
     elif mode.startswith("smem"):
         chained_smem = gluon_chain()
+        stages = 2 if mode in ("smem_free", "smem_resident") else int(mode[4:])
 
         def fn():
-            chained_smem[(GRID,)](w, act, bar, PHASES=phases, N=N, K=K, BN=BN, STAGES=int(mode[4:]), num_warps=warps)
+            chained_smem[(GRID,)](w, act, bar, PHASES=phases, N=N, K=K, BN=BN, STAGES=stages, WAIT=mode != "smem_free",
+                                  STREAM=mode != "smem_resident", num_warps=warps)
     elif mode.startswith("launches"):
         pdl = {"PDL": True, "launch_pdl": True} if mode == "launches_pdl" else {"PDL": False}
 
