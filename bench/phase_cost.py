@@ -25,12 +25,12 @@ every W_p (64 KB a phase at K = 2048), as the persistent pass does. Ways of join
                 memory with cp.async, STAGES phases ahead (1: the next phase's tile flies while the grid
                 waits, 2: the next two), so HBM streams while the grid waits and no registers are held
                 across the barrier. The barrier is split: a program counts itself in after its store, asks
-                for the next tile, and waits for the count just before it reads x. (So no copy of the
-                thread's is in flight at its release; asking before counting in measured 0.1 µs slower.)
+                for the next tile, and waits for the count just before it reads x. (So the copy asked for in
+                a phase is never in flight at that phase's release; asking first measured 0.1 µs slower.)
   smem_free     smem2 without the wait (wrong results): the floor of streaming through cp.async.
   smem_resident smem2's barrier chain over one tile loaded once (every phase multiplies by W_0; no stream):
                 the cost of the chain itself (barrier, x from L2, the tile from shared memory, the sum).
-                These two tell which of the two bounds smem2's time.
+                These two tell which of the two limits bounds smem2's time.
   tagged1, tagged2
                 as smem1 / smem2, but no barrier and no atomics between phases: every activation is stored as
                 32-bit words, the bf16 value in the low half and the phase's tag in the high half, and a
@@ -155,11 +155,12 @@ def kernels():
 
 
 @functools.cache
-def gluon_chain():
-    """The smem ways' kernel: weights stream into shared memory ahead of the barrier (cp.async groups)."""
+def gluon_kernels():
+    """The Gluon ways' kernels: chained_smem (smem*, tagged*) and chained_tma (tma*)."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
     @gluon.jit
     def ld_acquire(ptr):
@@ -168,7 +169,10 @@ def gluon_chain():
 
     @gluon.jit
     def chained_smem(w_ptr, act_ptr, bar_ptr, PHASES: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-                     BN: gl.constexpr, STAGES: gl.constexpr, WAIT: gl.constexpr, STREAM: gl.constexpr):
+                     BN: gl.constexpr, STAGES: gl.constexpr, WAIT: gl.constexpr, STREAM: gl.constexpr,
+                     TAGS: gl.constexpr):
+        """Weights by cp.async groups into shared memory. Phases joined by the arrivals count (bar_ptr:
+        [arrivals, exits]) or, with TAGS, by tags in act_ptr's int32 words (bar_ptr: [exits, epoch])."""
         WARPS: gl.constexpr = gl.num_warps()
         L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
         S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -177,13 +181,25 @@ def gluon_chain():
         rn = pid * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
         rk = gl.arange(0, K, layout=gl.SliceLayout(0, L))
         tile = gl.expand_dims(rn, 1) * K + gl.expand_dims(rk, 0)
+        first_tag = 0
+        if TAGS:
+            first_tag = gl.load(bar_ptr + 1, volatile=True) * PHASES  # this launch's epoch
         buf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, K], S)
         for s in gl.static_range(STAGES):
             if s < PHASES and (STREAM or s == 0):
                 cp.async_copy_global_to_shared(buf.index(s), w_ptr + s * N * K + tile)
             cp.commit_group()
         for p in range(PHASES):
-            if WAIT and p > 0:
+            if TAGS:
+                words = gl.load(act_ptr + p * N + rk, volatile=True)
+                if p > 0:
+                    want = (first_tag + p) & 0xFFFF
+                    stale = gl.max((((words >> 16) & 0xFFFF) != want).to(gl.int32), axis=0)
+                    while stale != 0:
+                        words = gl.load(act_ptr + p * N + rk, volatile=True)
+                        stale = gl.max((((words >> 16) & 0xFFFF) != want).to(gl.int32), axis=0)
+                x = (words << 16).to(gl.float32, bitcast=True)  # the low half is the bf16's bits
+            elif WAIT and p > 0:
                 seen = ld_acquire(bar_ptr)
                 while seen < p * grid:
                     seen = ld_acquire(bar_ptr)
@@ -193,84 +209,30 @@ def gluon_chain():
                 w = buf.index(p % STAGES).load(L)
             else:
                 w = buf.index(0).load(L)
-            x = gl.load(act_ptr + p * N + rk, cache_modifier=".cg").to(gl.float32)
+            if not TAGS:
+                x = gl.load(act_ptr + p * N + rk, cache_modifier=".cg").to(gl.float32)
             y = gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), axis=1)
-            gl.store(act_ptr + (p + 1) * N + rn, y.to(gl.bfloat16))
-            gl.thread_barrier()  # every thread's store is issued, and its reads of the slot done
-            gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+            if TAGS:
+                bits = y.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+                gl.store(act_ptr + (p + 1) * N + rn, bits | (((first_tag + p + 1) & 0xFFFF) << 16))
+                gl.thread_barrier()  # every thread's reads of the slot are done
+            else:
+                gl.store(act_ptr + (p + 1) * N + rn, y.to(gl.bfloat16))
+                gl.thread_barrier()  # every thread's store is issued, and its reads of the slot done
+                gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
             if STREAM and p + STAGES < PHASES:  # after the release, which this copy can then never hold up
                 cp.async_copy_global_to_shared(buf.index(p % STAGES), w_ptr + (p + STAGES) * N * K + tile)
             cp.commit_group()  # one group a phase, empty at the end, so wait_group counts phases
-        done = gl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
-        if done == grid - 1:
-            gl.atomic_xchg(bar_ptr, 0)
-            gl.atomic_xchg(bar_ptr + 1, 0)
-
-    return chained_smem
-
-
-@functools.cache
-def gluon_tagged_chain():
-    """The tagged ways' kernel: cp.async weights as chained_smem, phases joined by tags in the data."""
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-
-    @gluon.jit
-    def chained_tagged(w_ptr, act_ptr, state_ptr, PHASES: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
-                       BN: gl.constexpr, STAGES: gl.constexpr):
-        WARPS: gl.constexpr = gl.num_warps()
-        L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
-        S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        pid = gl.program_id(0)
-        grid = gl.num_programs(0)
-        rn = pid * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
-        rk = gl.arange(0, K, layout=gl.SliceLayout(0, L))
-        tile = gl.expand_dims(rn, 1) * K + gl.expand_dims(rk, 0)
-        first_tag = gl.load(state_ptr + 1, volatile=True) * PHASES  # this launch's epoch
-        buf = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, K], S)
-        for s in gl.static_range(STAGES):
-            if s < PHASES:
-                cp.async_copy_global_to_shared(buf.index(s), w_ptr + s * N * K + tile)
-            cp.commit_group()
-        for p in range(PHASES):
-            words = gl.load(act_ptr + p * N + rk, volatile=True)
-            if p > 0:
-                want = (first_tag + p) & 0xFFFF
-                stale = gl.max((((words >> 16) & 0xFFFF) != want).to(gl.int32), axis=0)
-                while stale != 0:
-                    words = gl.load(act_ptr + p * N + rk, volatile=True)
-                    stale = gl.max((((words >> 16) & 0xFFFF) != want).to(gl.int32), axis=0)
-            x = (words << 16).to(gl.float32, bitcast=True)  # the low half is the bf16's bits
-            cp.wait_group(STAGES - 1)
-            gl.thread_barrier()
-            w = buf.index(p % STAGES).load(L)
-            y = gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), axis=1)
-            bits = y.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-            gl.store(act_ptr + (p + 1) * N + rn, bits | (((first_tag + p + 1) & 0xFFFF) << 16))
-            gl.thread_barrier()  # every thread's reads of the slot are done
-            if p + STAGES < PHASES:
-                cp.async_copy_global_to_shared(buf.index(p % STAGES), w_ptr + (p + STAGES) * N * K + tile)
-            cp.commit_group()
-        done = gl.atomic_add(state_ptr, 1, sem="acq_rel", scope="gpu")
-        if done == grid - 1:
-            gl.atomic_xchg(state_ptr, 0)
-            gl.atomic_add(state_ptr + 1, 1)
-
-    return chained_tagged
-
-
-@functools.cache
-def gluon_tma_chain():
-    """The tma ways' kernel: weights arrive in shared memory by bulk tensor copies, an mbarrier a slot."""
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
-
-    @gluon.jit
-    def ld_acquire(ptr):
-        return gl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=gl.int32,
-                                         is_pure=False, pack=1)
+        if TAGS:
+            done = gl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
+            if done == grid - 1:
+                gl.atomic_xchg(bar_ptr, 0)
+                gl.atomic_add(bar_ptr + 1, 1)
+        else:
+            done = gl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
+            if done == grid - 1:
+                gl.atomic_xchg(bar_ptr, 0)
+                gl.atomic_xchg(bar_ptr + 1, 0)
 
     @gluon.jit
     def ask(w_desc, buf, ready, phase, slot, pid, N: gl.constexpr, K: gl.constexpr, BN: gl.constexpr):
@@ -283,6 +245,7 @@ def gluon_tma_chain():
     @gluon.jit
     def chained_tma(w_desc, act_ptr, bar_ptr, PHASES: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
                     BN: gl.constexpr, STAGES: gl.constexpr):
+        """Weights by bulk tensor copies into shared memory, an mbarrier a slot; joined by the arrivals count."""
         BK: gl.constexpr = w_desc.block_type.shape[1]
         KB: gl.constexpr = K // BK
         WARPS: gl.constexpr = gl.num_warps()
@@ -322,7 +285,7 @@ def gluon_tma_chain():
             gl.atomic_xchg(bar_ptr, 0)
             gl.atomic_xchg(bar_ptr + 1, 0)
 
-    return chained_tma
+    return chained_smem, chained_tma
 
 
 def graph_of(fn):
@@ -340,30 +303,27 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
         from triton.experimental.gluon.language import NVMMASharedLayout
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        chained_tma = gluon_tma_chain()
+        chained_tma = gluon_kernels()[1]
         desc = TensorDescriptor.from_tensor(w.view(-1, K), [BN, BK_TMA], NVMMASharedLayout(0, 16, 2))
 
         def fn():
             chained_tma[(GRID,)](desc, act, bar, PHASES=phases, N=N, K=K, BN=BN, STAGES=int(mode[3:]), num_warps=warps)
-    elif mode.startswith("tagged"):
-        chained_tagged = gluon_tagged_chain()
-        words = act.view(torch.int16).to(torch.int32) & 0xFFFF  # the input's words, tag 0
-        state = torch.zeros(2, dtype=torch.int32, device=act.device)  # [programs out, epoch]
+    elif mode.startswith(("smem", "tagged")):
+        chained_smem = gluon_kernels()[0]
+        tags = mode.startswith("tagged")
+        stages = 2 if mode in ("smem_free", "smem_resident") else int(mode[-1])
+        words = act.view(torch.int16).to(torch.int32) & 0xFFFF if tags else act  # the input's words: tag 0
+        state = torch.zeros(2, dtype=torch.int32, device=act.device) if tags else bar  # tags: [exits, epoch]
 
         def fn():
-            chained_tagged[(GRID,)](w, words, state, PHASES=phases, N=N, K=K, BN=BN, STAGES=int(mode[6:]),
-                                    num_warps=warps)
+            chained_smem[(GRID,)](w, words, state, PHASES=phases, N=N, K=K, BN=BN, STAGES=stages,
+                                  WAIT=mode != "smem_free", STREAM=mode != "smem_resident", TAGS=tags,
+                                  num_warps=warps)
 
-        def decode():
-            act.copy_((words & 0xFFFF).to(torch.int16).view(torch.bfloat16))
-        fn.decode = decode
-    elif mode.startswith("smem"):
-        chained_smem = gluon_chain()
-        stages = 2 if mode in ("smem_free", "smem_resident") else int(mode[4:])
-
-        def fn():
-            chained_smem[(GRID,)](w, act, bar, PHASES=phases, N=N, K=K, BN=BN, STAGES=stages, WAIT=mode != "smem_free",
-                                  STREAM=mode != "smem_resident", num_warps=warps)
+        if tags:
+            def decode():
+                act.copy_((words & 0xFFFF).to(torch.int16).view(torch.bfloat16))
+            fn.decode = decode
     elif mode.startswith("launches"):
         pdl = {"PDL": True, "launch_pdl": True} if mode == "launches_pdl" else {"PDL": False}
 
