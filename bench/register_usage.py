@@ -4,10 +4,12 @@
 
 No GPU needed: the launches of tests/sm90_compile.py (the self-test's launchers at the model shapes, bf16,
 PDL on, as the compile test makes them) run inside its compile_only(), which compiles each launch instead
-of running it, and cuobjdump reads each cubin. A thread's registers cap how many programs an SM holds; stack bytes are spills to local
-memory. Each distinct compile is listed once, under the first row count that launched it. The device runs
-its own Triton build, whose allocation may differ a little. Prints a markdown table and writes it with the
-raw figures to DIR/registers_sm90.{md,json} (DIR: bench/results).
+of running it, and cuobjdump reads each cubin. A thread's registers cap how many programs an SM holds;
+stack bytes are spills to local memory; a kernel's SASS instructions say how much code its programs fetch.
+Each distinct compile is listed once, under the first row count that launched it. The device runs its own
+Triton build (3.6; scripts/device_triton.sh installs it beside the venv's), whose allocation can differ a
+lot: run this with it on PYTHONPATH to see the device's. Prints a markdown table and writes it with the raw
+figures to DIR/registers_sm90.{md,json} (DIR: bench/results).
 """
 from __future__ import annotations
 
@@ -52,16 +54,19 @@ def main() -> None:
 
     with compile_only(record):
         launches(rows_of)
-    lines = ["| kernel | rows | warps | tiles and flags | registers | stack (spill) B |", "|---|---|---|---|---|---|"]
+    lines = ["| kernel | rows | warps | tiles and flags | registers | stack (spill) B | SASS instructions |",
+             "|---|---|---|---|---|---|---|"]
     for r in found:
         flags = ", ".join(f"{k} {r[k]}" for k in SHOWN if k in r)
-        lines.append(f"| {r['kernel']} | {r['rows']} | {r['warps']} | {flags} | {r['regs']} | {r['stack']} |")
+        lines.append(f"| {r['kernel']} | {r['rows']} | {r['warps']} | {flags} | {r['regs']} | {r['stack']} | "
+                     f"{r['instructions']} |")
     import triton
 
     head = (f"# Registers and spills for sm_90 (ptxas of Triton {triton.__version__}, compiled on a CPU)\n\n"
             "`python bench/register_usage.py`: each decode kernel at the 0.6B shapes and the codec's SnakeBeta "
             "kernels at its widths, bf16, PDL on; "
-            "registers a thread and stack (spill) bytes a thread, from cuobjdump.\n\n")
+            "registers a thread, stack (spill) bytes a thread and the kernel's SASS instructions, from "
+            "cuobjdump.\n\n")
     table = head + "\n".join(lines) + "\n"
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)

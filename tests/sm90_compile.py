@@ -125,8 +125,8 @@ class NotLoaded:
 
 
 def resource_usage(compiled) -> dict:
-    """Registers a thread, stack (spill) bytes a thread and static shared memory of a compiled kernel, from
-    the cuobjdump that Triton's wheel carries."""
+    """Registers a thread, stack (spill) bytes a thread, static shared memory and SASS instructions of a
+    compiled kernel, from the cuobjdump that Triton's wheel carries."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -136,8 +136,14 @@ def resource_usage(compiled) -> dict:
             f.write(compiled.asm["cubin"])
         text = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True,
                               check=True).stdout
+        sass = subprocess.run([tool, "--dump-sass", path], capture_output=True, text=True, check=True).stdout
     fields = dict(item.split(":") for line in text.splitlines() if "REG:" in line for item in line.split())
-    return {"regs": int(fields["REG"]), "stack": int(fields["STACK"]), "shared": int(fields["SHARED"])}
+    # an instruction's line: "/*0a30*/  FFMA R1, ... ;  /* 0x... */"; a line of encoding alone has no text
+    # between its comments
+    instructions = sum(1 for line in sass.splitlines()
+                       if line.lstrip().startswith("/*") and line.split("*/", 1)[1].strip().split("/*")[0].strip())
+    return {"regs": int(fields["REG"]), "stack": int(fields["STACK"]), "shared": int(fields["SHARED"]),
+            "instructions": instructions}
 
 
 @contextlib.contextmanager

@@ -32,7 +32,9 @@ rows over 16 positions) but not faster, so it is opt-in (QWEN3TTS_PREDICTOR_PASS
 the engine uses it for at most MAX_ENGINE_ROWS rows. 0.6B on an H200, whole frame: 1 row 4.28 ms against
 3.88 per-layer (347 kernels a frame against 826); 16 rows 100.7 ms against 6.18 (the tensor-core path
 is pathological, not yet diagnosed). Each of the 21 phases a pass is latency-bound: a barrier plus one
-program's 32-96 KB of weights.
+program's 32-96 KB of weights. A lead for the 16 rows: its tensor-core path, every loop unrolled, compiled
+(Triton 3.6, sm_90) to 44.3K instructions with 2.3 KB of spill a thread; its K loop now runs at run time
+(9.3K instructions, no spill; 1 row: 6.8K). Not yet measured on a GPU.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from ._util import next_pow2, require, sm_count
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
 triton = tl = _round = _rms_apply = _mma = _sync = _prefetch = _gemv = _heads_norm_rope = _token_kv = _put_kv = None
-_attend_window = _attend = None
+_attend_window = _attend = _k_step = None
 
 ENTRIES = 9  # per layer in the address table: qkv, o, gate_up, down, in_norm, post_norm, qk_norm, k, v
 MAX_ROWS = 16
@@ -69,7 +71,7 @@ def reference(stack, x, cache, pos, bias, rope, head_weight, fill_only=False):
 @functools.cache
 def _kernel():
     global triton, tl, _round, _rms_apply, _mma, _sync, _prefetch, _gemv, _heads_norm_rope, _token_kv, _put_kv
-    global _attend_window, _attend
+    global _attend_window, _attend, _k_step
     import triton
     import triton.language as tl
 
@@ -107,13 +109,33 @@ def _kernel():
                                       dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
+    def _k_step(acc, x_ptr, sx, w_ptr, rm, m_ok, rn, n_ok, k0, rinv, nw_ptr, K: tl.constexpr,
+                PROLOGUE: tl.constexpr, BK: tl.constexpr, dt: tl.constexpr, USE_DOT: tl.constexpr,
+                IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """acc += prologue(x[:, k0:k0+BK]) @ W[rn, k0:k0+BK]^T, the prologue's output rounded to dt."""
+        rk = k0 + tl.arange(0, BK)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=n_ok[:, None], other=0.0)
+        xp = x_ptr + rm[:, None] * sx + rk[None, :]
+        if PROLOGUE == 2:
+            g = tl.load(xp, mask=m_ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+            u = tl.load(xp + K, mask=m_ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+            s = _round(g / (1.0 + tl.exp(-g)), dt, EMULATE_RNE).to(tl.float32)
+            a = _round(s * u, dt, EMULATE_RNE)
+        else:
+            a = tl.load(xp, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
+            if PROLOGUE == 1:
+                a = _rms_apply(a, rinv, nw_ptr, rk, rk < K, dt, EMULATE_RNE)
+        return _mma(acc, a, w, USE_DOT, IEEE, False)  # rows on the M side (no swapped product)
+
+    @triton.jit
     def _gemv(x_ptr, sx, w_ptr, y_ptr, sy, res_ptr, sr, nw_ptr, M, eps, pid,
               N: tl.constexpr, K: tl.constexpr, PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, SUB: tl.constexpr,
               BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
               USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr):
-        """y[:, this program's SUB x BN columns] = [res +] prologue(x) @ W^T. Every loop is unrolled, so all
-        of the program's weight loads are independent and in flight together (one latency, not one per
-        tile). Activations are read past L1 (.cg): other programs wrote them in this launch."""
+        """y[:, this program's SUB x BN columns] = [res +] prologue(x) @ W^T. On the FMA path (1-2 rows)
+        every loop is unrolled, so all of the program's weight loads are independent and in flight together
+        (one latency, not one per tile); the tensor-core path loops over K at run time. Activations are read
+        past L1 (.cg): other programs wrote them in this launch."""
         dt = y_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         m_ok = rm < M
@@ -130,20 +152,16 @@ def _kernel():
             rn = (pid * SUB + sub) * BN + tl.arange(0, BN)
             n_ok = rn < N
             acc = tl.zeros([BLOCK_M, BN], tl.float32)
-            for k0 in tl.static_range(0, K, BK):
-                rk = k0 + tl.arange(0, BK)
-                w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=n_ok[:, None], other=0.0)
-                xp = x_ptr + rm[:, None] * sx + rk[None, :]
-                if PROLOGUE == 2:
-                    g = tl.load(xp, mask=m_ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-                    u = tl.load(xp + K, mask=m_ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-                    s = _round(g / (1.0 + tl.exp(-g)), dt, EMULATE_RNE).to(tl.float32)
-                    a = _round(s * u, dt, EMULATE_RNE)
-                else:
-                    a = tl.load(xp, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
-                    if PROLOGUE == 1:
-                        a = _rms_apply(a, rinv, nw_ptr, rk, rk < K, dt, EMULATE_RNE)
-                acc = _mma(acc, a, w, USE_DOT, IEEE, False)  # rows on the M side (no swapped product)
+            if USE_DOT:
+                # A loop at run time: unrolled, the 16-row pass compiled (Triton 3.6, sm_90) to 44.3K
+                # instructions and spilled 2.3 KB a thread; looped, 9.3K and none.
+                for k0 in tl.range(0, K, BK):
+                    acc = _k_step(acc, x_ptr, sx, w_ptr, rm, m_ok, rn, n_ok, k0, rinv, nw_ptr, K, PROLOGUE, BK, dt,
+                                  USE_DOT, IEEE, EMULATE_RNE)
+            else:
+                for k0 in tl.static_range(0, K, BK):
+                    acc = _k_step(acc, x_ptr, sx, w_ptr, rm, m_ok, rn, n_ok, k0, rinv, nw_ptr, K, PROLOGUE, BK, dt,
+                                  USE_DOT, IEEE, EMULATE_RNE)
             out_ok = m_ok[:, None] & n_ok[None, :]
             if RESIDUAL:
                 acc += tl.load(res_ptr + rm[:, None] * sr + rn[None, :], mask=out_ok, other=0.0,
