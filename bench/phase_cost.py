@@ -74,9 +74,10 @@ GRID = N // BN
 _sync = _enter = _flag_sync = _ld_acquire = None  # bound by kernels(): a jit function finds its helpers among
 # its module's globals
 MODES = ("launches", "launches_pdl", "after", "before", "no_barrier", "barrier_only", "after_flag", "before_flag",
-         "barrier_only_flag", "smem1", "smem2", "tagged1", "tagged2", "tma1", "tma2")
+         "barrier_only_flag", "smem1", "smem2", "smem_free", "smem_resident", "tagged1", "tagged2", "tma1", "tma2")
 BK_TMA = 256  # the widest box a bulk tensor copy takes in one dimension
-WRONG = ("no_barrier", "barrier_only", "barrier_only_flag")  # ways whose activations are not the chain's
+# ways whose activations are not the chain's (not checked against it)
+WRONG = ("no_barrier", "barrier_only", "barrier_only_flag", "smem_free", "smem_resident")
 WAY = {"after": 0, "before": 1, "no_barrier": 2, "barrier_only": 3}
 FLAG_AT = 32  # int32 slots: the flag sits on its own 128-byte line
 
@@ -298,7 +299,9 @@ def graph_of(fn):
 
 
 def launcher(mode: str, phases: int, warps: int, w, act, bar):
+    """(run, read): run() launches the chain once this way; read() is then its activations, like `act`."""
     chained, one_phase = kernels()
+    read = None
     if mode.startswith("tma"):
         from triton.experimental.gluon.language import NVMMASharedLayout
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -321,9 +324,8 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
                                   num_warps=warps)
 
         if tags:
-            def decode():
-                act.copy_((words & 0xFFFF).to(torch.int16).view(torch.bfloat16))
-            fn.decode = decode
+            def read():
+                return (words & 0xFFFF).to(torch.int16).view(torch.bfloat16)
     elif mode.startswith("launches"):
         pdl = {"PDL": True, "launch_pdl": True} if mode == "launches_pdl" else {"PDL": False}
 
@@ -334,22 +336,19 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
         def fn():
             chained[(GRID,)](w, act, bar, PHASES=phases, WAY=WAY[mode.removesuffix("_flag")], N=N, K=K, BN=BN,
                              FLAG=mode.endswith("_flag"), FLAG_AT=FLAG_AT, num_warps=warps)
-    return fn
+    return fn, read or (lambda: act)
 
 
 def final_activation(mode: str, phases: int, warps: int, w, act, bar):
     """The chain's last activation from a fresh copy of the first, joined this way (one eager launch)."""
-    mine = act.clone()
-    fn = launcher(mode, phases, warps, w, mine, bar)
-    fn()
-    if hasattr(fn, "decode"):
-        fn.decode()
+    run, read = launcher(mode, phases, warps, w, act.clone(), bar)
+    run()
     torch.cuda.synchronize()
-    return mine[phases * N:].float()
+    return read()[phases * N:].float()
 
 
 def measure(mode: str, phases: int, warps: int, w, act, bar) -> float:
-    g = graph_of(launcher(mode, phases, warps, w, act, bar))
+    g = graph_of(launcher(mode, phases, warps, w, act, bar)[0])
     return best_of(lambda _: mean_gpu_ms(g.replay, 20), 5)
 
 

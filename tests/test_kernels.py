@@ -440,7 +440,6 @@ def test_linear_rows_past_one_tile():
 
 def test_linear_counters_rearm():
     """Split-K counters are left at zero, so a second launch (a graph replay) reduces again."""
-
     for _ in range(2):
         st.check_linear(DEV, torch.float32, 3, 48, 160, "none", True, config=SMALL_LINEAR, target=40)
         assert int(SHARED.get("linear", torch.device(DEV)).abs().sum()) == 0

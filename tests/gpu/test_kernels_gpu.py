@@ -260,7 +260,6 @@ def test_sample_distribution_chi_square(top_k, top_p, temperature):
 def test_mlp(dtype, m):
     """The one-launch MLP at the 0.6B and 1.7B widths with the GPU's summing programs (the last H / CW arrivals
     wait for the rest), at the default launch shape and another, three launches in a row each."""
-
     for hidden, inter in st.MLP_SHAPES:
         for cfg in (None, {"BI": 8, "num_warps": 4, "PRELOAD_DOWN": True, "CW": 16}):
             launch = st.check_mlp(DEV, dtype, m, hidden, inter, seed=m + hidden, config=cfg, repeats=3)
