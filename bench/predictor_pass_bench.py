@@ -61,7 +61,8 @@ def fp32_parity(ckpt, frames: int, takes: int) -> dict:
     return out
 
 
-VARIANTS = (("per-layer (main)", None), ("persistent (8 warps, L2 prefetch)", {}), ("per-layer again", None))
+VARIANTS = (("per-layer (main)", None), ("persistent (8 warps, L2 prefetch)", {}),
+            ("persistent, no L2 prefetch", {"prefetch": False}), ("per-layer again", None))
 
 
 _ENGINES: dict = {}

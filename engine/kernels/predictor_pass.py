@@ -27,14 +27,13 @@ so the next launch (a CUDA-graph replay included) starts from zero without a mem
 Numerics follow the per-layer kernels (linear.py, qk_norm_rope_kv.py, attention.py), so `reference`
 (the per-layer path with every op as torch) is the oracle.
 
-Status (bench/results/predictor_pass_0.6b_h200.md): correct (bf16 logits cosine >= 0.9999 at 1 and 16
-rows over 16 positions) but not faster, so it is opt-in (QWEN3TTS_PREDICTOR_PASS=1, engine/kernels) and
-the engine uses it for at most MAX_ENGINE_ROWS rows. 0.6B on an H200, whole frame: 1 row 4.28 ms against
-3.88 per-layer (347 kernels a frame against 826); 16 rows 100.7 ms against 6.18 (the tensor-core path
-is pathological, not yet diagnosed). Each of the 21 phases a pass is latency-bound: a barrier plus one
-program's 32-96 KB of weights. A lead for the 16 rows: its tensor-core path, every loop unrolled, compiled
-(Triton 3.6, sm_90) to 44.3K instructions with 2.3 KB of spill a thread; its K loop now runs at run time
-(9.3K instructions, no spill; 1 row: 6.8K). Not yet measured on a GPU.
+Status (bench/results/predictor_pass_0.6b_h200.md): correct (bf16 logits cosine >= 0.9999 at 1, 4 and 16
+rows over 16 positions; fp32 greedy codes equal to the eager runner's over 200 frames) but not faster, so it
+is opt-in (QWEN3TTS_PREDICTOR_PASS=1, engine/kernels) and the engine uses it for at most MAX_ENGINE_ROWS rows.
+0.6B on an H200, whole frame: 1 row 3.69 ms against 2.67 per-layer (220 kernels a frame against 539); 4 and
+16 rows 9.8 and 10.0 ms against 3.67 and 3.94. A grid barrier's join costs what a launch boundary's does
+(bench/results/join_timeline_h200.md), and the phase after it is serial where the per-layer path overlaps
+the next weights with the boundary.
 """
 from __future__ import annotations
 
@@ -48,11 +47,11 @@ from ._util import next_pow2, require, sm_count
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
 triton = tl = _round = _rms_apply = _mma = _sync = _prefetch = _gemv = _heads_norm_rope = _token_kv = _put_kv = None
-_attend_window = _attend = _k_step = None
+_attend_window = _attend = _k_step = _ld_acquire = None
 
 ENTRIES = 9  # per layer in the address table: qkv, o, gate_up, down, in_norm, post_norm, qk_norm, k, v
 MAX_ROWS = 16
-MAX_ENGINE_ROWS = 2  # the engine's limit (FusedStack.predictor_pass): 3+ rows measured 16x slower, see above
+MAX_ENGINE_ROWS = 2  # the engine's limit (FusedStack.predictor_pass): 3+ rows measured 2.5x slower, see above
 
 
 def reference(stack, x, cache, pos, bias, rope, head_weight, fill_only=False):
@@ -71,7 +70,7 @@ def reference(stack, x, cache, pos, bias, rope, head_weight, fill_only=False):
 @functools.cache
 def _kernel():
     global triton, tl, _round, _rms_apply, _mma, _sync, _prefetch, _gemv, _heads_norm_rope, _token_kv, _put_kv
-    global _attend_window, _attend, _k_step
+    global _attend_window, _attend, _k_step, _ld_acquire
     import triton
     import triton.language as tl
 
@@ -84,15 +83,25 @@ def _kernel():
     _heads_norm_rope, _token_kv, _put_kv = kq._heads_norm_rope, kq._token_kv, kq._put_kv
     _attend_window = ka._attend_window
 
+    if interpreting():  # one program, so the count is always its own; the interpreter runs no PTX
+        @triton.jit
+        def _ld_acquire(ptr):
+            return tl.load(ptr, volatile=True)
+    else:
+        @triton.jit
+        def _ld_acquire(ptr):
+            return tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                             is_pure=False, pack=1)
+
     @triton.jit
     def _sync(bar_ptr, target):
-        """Grid barrier: count this program in (release), wait for `target` arrivals (acquire)."""
+        """Grid barrier: count this program in (release), wait for `target` arrivals (acquire). The polls are
+        the acquire: an unused acquire atomic adding 0 after relaxed polls was compiled away (Triton 3.6)."""
         tl.debug_barrier()  # every thread's stores of this phase are issued before the count moves
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-        seen = tl.load(bar_ptr, volatile=True)
+        seen = _ld_acquire(bar_ptr)
         while seen < target:
-            seen = tl.load(bar_ptr, volatile=True)
-        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+            seen = _ld_acquire(bar_ptr)
         tl.debug_barrier()
 
     @triton.jit
