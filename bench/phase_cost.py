@@ -43,7 +43,14 @@ every W_p (64 KB a phase at K = 2048), as the persistent pass does. Ways of join
                 K/256 bulk copies of 16 x 256, an mbarrier a slot says when they have landed; the copies do not
                 go through the threads' load queues, which the grid barrier's polls and the x reads use.
 
-The Gluon ways (smem, tagged, tma) are written against Triton 3.6's Gluon, the GPU image's; Gluon is
+  ws2, ws3      warp-specialized: one loader warp streams the program's tiles by bulk tensor copies into 2 / 3
+                shared-memory slots (an mbarrier pair a slot: landed, free), as far ahead as the slots allow and
+                never held up by the grid barrier; the default warps wait for the count, read x, multiply the
+                landed tile, free its slot, store and count themselves in. Neither the arrival's fence nor the
+                polls sit behind the weight stream in their warps (bench/join_timeline.py: a fence waits for its
+                warp's loads in flight, 3.4 us a phase when the next weights were asked before the arrival).
+
+The Gluon ways (smem, tagged, tma, ws) are written against Triton 3.6's Gluon, the GPU image's; Gluon is
 experimental and its API moved in later releases (the venv's Triton 3.9 rejects these kernels).
 
 Every way that joins phases correctly is checked against `launches` (same final activations).
@@ -73,8 +80,10 @@ BN = 16
 GRID = N // BN
 _sync = _enter = _flag_sync = _ld_acquire = None  # bound by kernels(): a jit function finds its helpers among
 # its module's globals
+gl = None  # bound by gluon_kernels(): a warp-specialized partition reads its annotations there
 MODES = ("launches", "launches_pdl", "after", "before", "no_barrier", "barrier_only", "after_flag", "before_flag",
-         "barrier_only_flag", "smem1", "smem2", "smem_free", "smem_resident", "tagged1", "tagged2", "tma1", "tma2")
+         "barrier_only_flag", "smem1", "smem2", "smem_free", "smem_resident", "tagged1", "tagged2", "tma1", "tma2",
+         "ws2", "ws3")
 BK_TMA = 256  # the widest box a bulk tensor copy takes in one dimension
 # ways whose activations are not the chain's (not checked against it)
 WRONG = ("no_barrier", "barrier_only", "barrier_only_flag", "smem_free", "smem_resident")
@@ -157,11 +166,12 @@ def kernels():
 
 @functools.cache
 def gluon_kernels():
-    """The Gluon ways' kernels: chained_smem (smem*, tagged*) and chained_tma (tma*)."""
+    """The Gluon ways' kernels: chained_smem (smem*, tagged*), chained_tma (tma*) and chained_ws (ws*)."""
+    global gl
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
     @gluon.jit
     def ld_acquire(ptr):
@@ -286,7 +296,65 @@ def gluon_kernels():
             gl.atomic_xchg(bar_ptr, 0)
             gl.atomic_xchg(bar_ptr + 1, 0)
 
-    return chained_smem, chained_tma
+    @gluon.jit
+    def ws_load(w_desc, buf, ready, free, pid, PHASES: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+                BN: gl.constexpr, STAGES: gl.constexpr):
+        """The loader warp: phase p's tile into slot p % STAGES once the slot is free."""
+        for p in range(PHASES):
+            slot = p % STAGES
+            mbarrier.wait(free.index(slot), ((p // STAGES) & 1) ^ 1)  # a fresh mbarrier passes parity 1
+            ask(w_desc, buf, ready, p, slot, pid, N, K, BN)
+
+    @gluon.jit
+    def ws_compute(act_ptr, bar_ptr, buf, ready, free, pid, grid, PHASES: gl.constexpr, N: gl.constexpr,
+                   K: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, L: gl.constexpr):
+        KB: gl.constexpr = K // BK
+        rn = pid * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, L))
+        for p in range(PHASES):
+            if p > 0:
+                seen = ld_acquire(bar_ptr)
+                while seen < p * grid:
+                    seen = ld_acquire(bar_ptr)
+            slot = p % STAGES
+            mbarrier.wait(ready.index(slot), (p // STAGES) & 1)
+            acc = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L))
+            for j in gl.static_range(KB):
+                w = buf.index(slot * KB + j).load(L)
+                x = gl.load(act_ptr + p * N + j * BK + rk, cache_modifier=".cg").to(gl.float32)
+                acc += gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), axis=1)
+            gl.thread_barrier()  # every warp has read the slot
+            fence_async_shared()  # ... before the copy that refills it
+            mbarrier.arrive(free.index(slot), count=1)
+            gl.store(act_ptr + (p + 1) * N + rn, acc.to(gl.bfloat16))
+            gl.thread_barrier()  # every thread's store is issued
+            gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        done = gl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == grid - 1:
+            gl.atomic_xchg(bar_ptr, 0)
+            gl.atomic_xchg(bar_ptr + 1, 0)
+
+    @gluon.jit
+    def chained_ws(w_desc, act_ptr, bar_ptr, PHASES: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+                   BN: gl.constexpr, STAGES: gl.constexpr):
+        """Weights by a loader warp (bulk tensor copies, STAGES slots); phases joined by the arrivals count."""
+        BK: gl.constexpr = w_desc.block_type.shape[1]
+        KB: gl.constexpr = K // BK
+        L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+        pid = gl.program_id(0)
+        grid = gl.num_programs(0)
+        buf = gl.allocate_shared_memory(gl.bfloat16, [STAGES * KB, BN, BK], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(free.index(s), count=1)
+        gl.warp_specialize([
+            (ws_compute, (act_ptr, bar_ptr, buf, ready, free, pid, grid, PHASES, N, K, BN, BK, STAGES, L)),
+            (ws_load, (w_desc, buf, ready, free, pid, PHASES, N, K, BN, STAGES)),
+        ], [1], [24])
+
+    return chained_smem, chained_tma, chained_ws
 
 
 def graph_of(fn):
@@ -302,15 +370,17 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
     """(run, read): run() launches the chain once this way; read() is then its activations, like `act`."""
     chained, one_phase = kernels()
     read = None
-    if mode.startswith("tma"):
+    if mode.startswith(("tma", "ws")):
         from triton.experimental.gluon.language import NVMMASharedLayout
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        chained_tma = gluon_kernels()[1]
+        kernel = gluon_kernels()[1 if mode.startswith("tma") else 2]
         desc = TensorDescriptor.from_tensor(w.view(-1, K), [BN, BK_TMA], NVMMASharedLayout(0, 16, 2))
+        extra = {"maxnreg": 128} if mode.startswith("ws") else {}  # the loader warp's 24 need a kernel bound
 
         def fn():
-            chained_tma[(GRID,)](desc, act, bar, PHASES=phases, N=N, K=K, BN=BN, STAGES=int(mode[3:]), num_warps=warps)
+            kernel[(GRID,)](desc, act, bar, PHASES=phases, N=N, K=K, BN=BN, STAGES=int(mode[-1]), num_warps=warps,
+                            **extra)
     elif mode.startswith(("smem", "tagged")):
         chained_smem = gluon_kernels()[0]
         tags = mode.startswith("tagged")
@@ -383,7 +453,7 @@ def main() -> None:
                     if err > 5e-2:  # rounding orders differ by ~1e-2 after 21 bf16 phases; a race is O(1)
                         raise AssertionError(f"final activations differ from launches' (max rel {err:.3g})")
                 # Triton 3.6 cannot lower a 1-phase Gluon chain
-                base = 2 if mode.startswith(("smem", "tagged", "tma")) else 1
+                base = 2 if mode.startswith(("smem", "tagged", "tma", "ws")) else 1
                 t1 = measure(mode, base, warps, w, act, bar)
                 tn = measure(mode, args.phases, warps, w, act, bar)
             except Exception as exc:  # one way failing (registers, a hang guard) must not lose the others
