@@ -50,6 +50,11 @@ every W_p (64 KB a phase at K = 2048), as the persistent pass does. Ways of join
                 polls sit behind the weight stream in their warps (bench/join_timeline.py: a fence waits for its
                 warp's loads in flight, 3.4 us a phase when the next weights were asked before the arrival).
 
+  tag_regs      one Triton launch, joined by tags as tagged1/2 but with no shared memory: each phase's weights
+                load into registers right after the previous phase's products (no fence can wait for them, since
+                nothing is released), each thread spins on one word of one producer's rows, then the program reads
+                its whole x and checks every tag.
+
 The Gluon ways (smem, tagged, tma, ws) are written against Triton 3.6's Gluon, the GPU image's; Gluon is
 experimental and its API moved in later releases (the venv's Triton 3.9 rejects these kernels).
 
@@ -83,7 +88,7 @@ _sync = _enter = _flag_sync = _ld_acquire = None  # bound by kernels(): a jit fu
 gl = None  # bound by gluon_kernels(): a warp-specialized partition reads its annotations there
 MODES = ("launches", "launches_pdl", "after", "before", "no_barrier", "barrier_only", "after_flag", "before_flag",
          "barrier_only_flag", "smem1", "smem2", "smem_free", "smem_resident", "tagged1", "tagged2", "tma1", "tma2",
-         "ws2", "ws3")
+         "ws2", "ws3", "tag_regs")
 BK_TMA = 256  # the widest box a bulk tensor copy takes in one dimension
 # ways whose activations are not the chain's (not checked against it)
 WRONG = ("no_barrier", "barrier_only", "barrier_only_flag", "smem_free", "smem_resident")
@@ -151,6 +156,49 @@ def kernels():
                 tl.atomic_xchg(bar_ptr + FLAG_AT, 0)
 
     @triton.jit
+    def _spin(ptr, want):
+        # each thread re-reads its word until the word's high half carries the tag `want`
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 t; SPIN${:uid}: ld.volatile.global.u32 $0, [$1]; shr.u32 t, $0, 16; "
+            "setp.ne.u32 p, t, $2; @p bra SPIN${:uid}; }", "=r,l,r", [ptr, want], dtype=tl.int32,
+            is_pure=False, pack=1)
+
+    @triton.jit
+    def chained_tags(w_ptr, act_ptr, state_ptr, PHASES: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                     BN: tl.constexpr, PRODUCERS: tl.constexpr):
+        """Phases joined by tags in the activations' words (bf16 bits low, phase tag high): no barrier, no fence,
+        so each phase's weights load into registers while the program waits for its x. state_ptr: [exits, epoch]."""
+        pid = tl.program_id(0)
+        grid = tl.num_programs(0)
+        rn = pid * BN + tl.arange(0, BN)
+        rk = tl.arange(0, K)
+        tile = rn[:, None] * K + rk[None, :]
+        first = tl.load(state_ptr + 1, volatile=True) * PHASES  # this launch's epoch
+        heads = tl.arange(0, PRODUCERS) * BN  # one word of every producer's rows: one poll a thread
+        w = tl.load(w_ptr + tile)
+        words = tl.load(act_ptr + rk)  # the input carries no tag
+        for p in range(PHASES):
+            if p > 0:
+                want = (first + p) & 0xFFFF
+                _spin(act_ptr + p * N + heads, want)
+                tl.debug_barrier()
+                words = tl.load(act_ptr + p * N + rk, volatile=True)
+                stale = tl.max((((words >> 16) & 0xFFFF) != want).to(tl.int32), axis=0)
+                while stale != 0:  # a producer's other words may land after its polled one
+                    words = tl.load(act_ptr + p * N + rk, volatile=True)
+                    stale = tl.max((((words >> 16) & 0xFFFF) != want).to(tl.int32), axis=0)
+            x = (words << 16).to(tl.float32, bitcast=True)
+            y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            if p + 1 < PHASES:
+                w = tl.load(w_ptr + (p + 1) * N * K + tile)
+            bits = y.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            tl.store(act_ptr + (p + 1) * N + rn, bits | (((first + p + 1) & 0xFFFF) << 16))
+        done = tl.atomic_add(state_ptr, 1, sem="acq_rel", scope="gpu")
+        if done == grid - 1:
+            tl.atomic_xchg(state_ptr, 0)
+            tl.atomic_add(state_ptr + 1, 1)
+
+    @triton.jit
     def one_phase(w_ptr, act_ptr, p, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
         pid = tl.program_id(0)
         rn = pid * BN + tl.arange(0, BN)
@@ -161,7 +209,7 @@ def kernels():
         y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         tl.store(act_ptr + (p + 1) * N + rn, y.to(tl.bfloat16))
 
-    return chained, one_phase
+    return chained, one_phase, chained_tags
 
 
 @functools.cache
@@ -368,7 +416,7 @@ def graph_of(fn):
 
 def launcher(mode: str, phases: int, warps: int, w, act, bar):
     """(run, read): run() launches the chain once this way; read() is then its activations, like `act`."""
-    chained, one_phase = kernels()
+    chained, one_phase, chained_tags = kernels()
     read = None
     if mode.startswith(("tma", "ws")):
         from triton.experimental.gluon.language import NVMMASharedLayout
@@ -385,17 +433,17 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
         chained_smem = gluon_kernels()[0]
         tags = mode.startswith("tagged")
         stages = 2 if mode in ("smem_free", "smem_resident") else int(mode[-1])
-        words = act.view(torch.int16).to(torch.int32) & 0xFFFF if tags else act  # the input's words: tag 0
-        state = torch.zeros(2, dtype=torch.int32, device=act.device) if tags else bar  # tags: [exits, epoch]
+        words, state, read = tagged_words(act) if tags else (act, bar, None)
 
         def fn():
             chained_smem[(GRID,)](w, words, state, PHASES=phases, N=N, K=K, BN=BN, STAGES=stages,
                                   WAIT=mode != "smem_free", STREAM=mode != "smem_resident", TAGS=tags,
                                   num_warps=warps)
+    elif mode == "tag_regs":
+        words, state, read = tagged_words(act)
 
-        if tags:
-            def read():
-                return (words & 0xFFFF).to(torch.int16).view(torch.bfloat16)
+        def fn():
+            chained_tags[(GRID,)](w, words, state, PHASES=phases, N=N, K=K, BN=BN, PRODUCERS=GRID, num_warps=warps)
     elif mode.startswith("launches"):
         pdl = {"PDL": True, "launch_pdl": True} if mode == "launches_pdl" else {"PDL": False}
 
@@ -407,6 +455,14 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
             chained[(GRID,)](w, act, bar, PHASES=phases, WAY=WAY[mode.removesuffix("_flag")], N=N, K=K, BN=BN,
                              FLAG=mode.endswith("_flag"), FLAG_AT=FLAG_AT, num_warps=warps)
     return fn, read or (lambda: act)
+
+
+def tagged_words(act):
+    """(words, state, read) of the tag ways: the activations as int32 words (the input's tag 0), their
+    [exits, epoch] pair, and read() giving the words back as bf16 activations."""
+    words = act.view(torch.int16).to(torch.int32) & 0xFFFF
+    state = torch.zeros(2, dtype=torch.int32, device=act.device)
+    return words, state, lambda: (words & 0xFFFF).to(torch.int16).view(torch.bfloat16)
 
 
 def final_activation(mode: str, phases: int, warps: int, w, act, bar):
