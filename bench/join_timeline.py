@@ -4,17 +4,17 @@ phase, by launches and by a grid barrier?).
 
     python bench/join_timeline.py [--phases 21] [--warps 4 8] [--k 2048] [--out F.json]
 
-The chain: PHASES GEMVs y = W_p x, N x K bf16 each, 128 programs of 16 rows, each phase's x the previous
-phase's y. Joined three ways:
+The chain and its kernels are phase_cost's (`chained`, `one_phase`) with their stamps switched on: PHASES
+GEMVs y = W_p x, N x K bf16 each, 128 programs of 16 rows, each phase's x the previous phase's y. Ways:
 
   pdl      one launch a phase with programmatic dependent launch, weights loaded before the wait (the engine's
            per-layer path), replayed from a CUDA graph;
-  after    one persistent launch, a grid barrier between phases (as predictor_pass._sync), weights loaded
-           after it (the opt-in predictor pass);
+  after    one persistent launch, a grid barrier between phases (predictor_pass._arrive / _wait), weights
+           loaded after it (the opt-in predictor pass);
   before   the same, each phase's weights loaded into registers before the barrier that precedes it;
   late     as before, but the loads are issued after the program's arrival (the release atomic's fence waits
            for the thread's earlier memory operations, loads in flight included);
-  none     the barrier and x alone, no weights.
+  none     the barrier and x alone, no weights (phase_cost's barrier_only).
 
 Stamps a program takes in each phase p: X (its x has arrived: a scalar read of x issued after the vector read,
 the stamp waits on it), D (its y stored, i.e. issued; the last thing a pdl program does), and on the barrier
@@ -33,7 +33,6 @@ over thousands of stamps resolves finer than a median; medians and p90 are in th
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
@@ -45,118 +44,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import phase_cost
 from timing import best_of, mean_gpu_ms
 
 N = K = BN = 0  # set in main
 GRID = 128
-SLOTS = 4  # stamps a phase: X, D, A, S
-LOAD = {"after": 0, "before": 1, "none": 2, "late": 3}
-
-
-@functools.cache
-def kernels():
-    import triton
-    import triton.language as tl
-
-    from engine.kernels import pdl, predictor_pass
-
-    enter = pdl.enter()
-    predictor_pass._kernel()
-    ld_acquire = predictor_pass._ld_acquire  # the poll of predictor_pass._sync
-
-    @triton.jit
-    def stamp(dep):
-        # the read is predicated on a test of dep, so it waits for dep's value
-        return tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.eq.s32 p, $1, 2147483647; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }",
-            "=l,r", [dep], dtype=tl.int64, is_pure=False, pack=1)
-
-    @triton.jit
-    def read_x(act_ptr, p, rk, N: tl.constexpr):
-        """(x, X): the phase's x, and the stamp taken once a scalar read issued after it has arrived."""
-        x = tl.load(act_ptr + p * N + rk, cache_modifier=".cg").to(tl.float32)
-        first = tl.load(act_ptr + p * N, cache_modifier=".cg")
-        return x, stamp(first.to(tl.int16, bitcast=True).to(tl.int32))
-
-    @triton.jit
-    def barrier_chain(w_ptr, act_ptr, bar_ptr, t_ptr, PHASES: tl.constexpr, LOAD: tl.constexpr, N: tl.constexpr,
-                      K: tl.constexpr, BN: tl.constexpr):
-        pid = tl.program_id(0)
-        grid = tl.num_programs(0)
-        rn = pid * BN + tl.arange(0, BN)
-        rk = tl.arange(0, K)
-        tile = rn[:, None] * K + rk[None, :]
-        w = tl.zeros([BN, K], tl.bfloat16)
-        if LOAD == 1 or LOAD == 3:
-            w = tl.load(w_ptr + tile)
-        for p in range(PHASES):
-            if LOAD == 0:
-                w = tl.load(w_ptr + p * N * K + tile)
-            x, t_x = read_x(act_ptr, p, rk, N)
-            y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-            tl.store(act_ptr + (p + 1) * N + rn, y.to(tl.bfloat16))
-            t_d = stamp(pid)
-            if LOAD == 1 and p + 1 < PHASES:
-                w = tl.load(w_ptr + (p + 1) * N * K + tile)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-            t_a = stamp(arrived)
-            if LOAD == 3 and p + 1 < PHASES:  # after the release, so its fence cannot wait for these loads
-                w = tl.load(w_ptr + (p + 1) * N * K + tile)
-            seen = ld_acquire(bar_ptr)
-            while seen < (p + 1) * grid:
-                seen = ld_acquire(bar_ptr)
-            t_s = stamp(seen)
-            tl.debug_barrier()
-            at = t_ptr + (p * grid + pid) * 4
-            tl.store(at, t_x)
-            tl.store(at + 1, t_d)
-            tl.store(at + 2, t_a)
-            tl.store(at + 3, t_s)
-        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
-        if done == grid - 1:
-            tl.atomic_xchg(bar_ptr, 0)
-            tl.atomic_xchg(bar_ptr + 1, 0)
-
-    @triton.jit
-    def pdl_phase(w_ptr, act_ptr, t_ptr, p, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr):
-        pid = tl.program_id(0)
-        rn = pid * BN + tl.arange(0, BN)
-        rk = tl.arange(0, K)
-        w = tl.load(w_ptr + p * N * K + rn[:, None] * K + rk[None, :])  # weights: before the wait
-        enter(True)
-        x, t_x = read_x(act_ptr, p, rk, N)
-        y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        tl.store(act_ptr + (p + 1) * N + rn, y.to(tl.bfloat16))
-        t_d = stamp(pid)
-        at = t_ptr + (p * tl.num_programs(0) + pid) * 4
-        tl.store(at, t_x)
-        tl.store(at + 1, t_d)
-
-    return barrier_chain, pdl_phase
+WAYS = {"after": "after", "before": "before", "late": "late", "none": "barrier_only"}  # phase_cost's names
 
 
 def launcher(way: str, phases: int, warps: int, w, act, bar, stamps):
-    barrier_chain, pdl_phase = kernels()
-
+    """phase_cost's chain, the way `way` joins it, with its stamps on."""
+    chained, one_phase, _ = phase_cost.kernels()
     if way == "pdl":
         def run():
             for p in range(phases):
-                pdl_phase[(GRID,)](w, act, stamps, p, N=N, K=K, BN=BN, num_warps=warps, launch_pdl=True)
+                one_phase[(GRID,)](w, act, stamps, p, N=N, K=K, BN=BN, PDL=True, STAMPS=True, num_warps=warps,
+                                   launch_pdl=True)
     else:
         def run():
-            barrier_chain[(GRID,)](w, act, bar, stamps, PHASES=phases, LOAD=LOAD[way], N=N, K=K, BN=BN,
-                                   num_warps=warps)
+            chained[(GRID,)](w, act, bar, stamps, PHASES=phases, WAY=phase_cost.WAY[WAYS[way]], N=N, K=K, BN=BN,
+                             FLAG=False, FLAG_AT=0, STAMPS=True, num_warps=warps)
     return run
-
-
-def graph_of(fn):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def pct(values, q):
@@ -165,7 +73,7 @@ def pct(values, q):
 
 
 def segments(t: torch.Tensor, way: str) -> dict:
-    """Per-program, per-phase segments in µs from one replay's stamps [phases, programs, SLOTS] (ns)."""
+    """Per-program, per-phase segments in µs from one replay's stamps [phases, programs, STAMP_SLOTS] (ns)."""
     t = t.double() / 1000.0
     x, d, a, s = t[..., 0], t[..., 1], t[..., 2], t[..., 3]
     phases = t.shape[0]
@@ -197,7 +105,7 @@ def main() -> None:
     ap.add_argument("--phases", type=int, default=21)
     ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--k", type=int, default=2048)
-    ap.add_argument("--ways", nargs="+", default=["pdl", "after", "before", "late", "none"], choices=["pdl", *LOAD])
+    ap.add_argument("--ways", nargs="+", default=["pdl", "after", "before", "late", "none"], choices=["pdl", *WAYS])
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -209,7 +117,7 @@ def main() -> None:
     w = torch.randn(args.phases * N * K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
     act = torch.randn((args.phases + 1) * N, device="cuda", dtype=torch.bfloat16)
     bar = torch.zeros(2, dtype=torch.int32, device="cuda")
-    stamps = torch.zeros(args.phases, GRID, SLOTS, dtype=torch.int64, device="cuda")
+    stamps = torch.zeros(args.phases, GRID, phase_cost.STAMP_SLOTS, dtype=torch.int64, device="cuda")
     print(f"{torch.cuda.get_device_name()}: {args.phases} phases of {N}x{K} bf16 ({N * K * 2 / 1e6:.1f} MB), "
           f"{GRID} programs; µs, means over programs, replays and phases 1..{args.phases - 3}", flush=True)
     cols = ["period", "work", "skew", "join", "fence_atomic", "count_reaches", "acquire_x"]
@@ -217,8 +125,8 @@ def main() -> None:
     rows = []
     for warps in args.warps:
         for way in args.ways:
-            g1 = graph_of(launcher(way, 1, warps, w, act, bar, stamps))
-            gn = graph_of(launcher(way, args.phases, warps, w, act, bar, stamps))
+            g1 = phase_cost.graph_of(launcher(way, 1, warps, w, act, bar, stamps))
+            gn = phase_cost.graph_of(launcher(way, args.phases, warps, w, act, bar, stamps))
             t1 = best_of(lambda _: mean_gpu_ms(g1.replay, 20), 5)
             tn = best_of(lambda _: mean_gpu_ms(gn.replay, 20), 5)
             graph_us = (tn - t1) * 1000 / (args.phases - 1)

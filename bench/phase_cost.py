@@ -15,12 +15,14 @@ every W_p (64 KB a phase at K = 2048), as the persistent pass does. Ways of join
                 its barrier (the opt-in predictor_pass with its L2 prefetch off);
   before        one persistent launch, each phase's weights loaded into registers *before* the barrier that
                 precedes it, so HBM streams while the grid waits;
+  late          as before, but the loads are issued just after the program's arrival: the release atomic's fence
+                waits for the thread's memory operations in flight, loads included (bench/join_timeline.py);
   no_barrier    one launch, no barrier (wrong results: the floor of streaming the weights in one launch);
   barrier_only  one launch, barriers and the activation reads, no weight loads (the barrier's own cost);
   *_flag        after / before / barrier_only with another barrier: the arrivals count on one 128-byte line,
                 the last arrival raises a flag on another, and the programs wait on the flag with acquire
-                loads (predictor_pass._sync spins on the counter the arrivals hit, then makes an acquire
-                atomic there: every program's atomics and polls share one line).
+                loads (predictor_pass._sync polls, with acquire loads, the counter the arrivals hit: every
+                program's atomics and polls share one line).
   smem1, smem2  one persistent launch written in Gluon: each program copies its weight tiles into shared
                 memory with cp.async, STAGES phases ahead (1: the next phase's tile flies while the grid
                 waits, 2: the next two), so HBM streams while the grid waits and no registers are held
@@ -83,34 +85,45 @@ from timing import best_of, mean_gpu_ms
 N = K = 2048
 BN = 16
 GRID = N // BN
-_sync = _enter = _flag_sync = _ld_acquire = None  # bound by kernels(): a jit function finds its helpers among
-# its module's globals
+_arrive = _wait = _enter = _flag_sync = _ld_acquire = _stamp = _stamp_word = None  # bound by kernels(): a jit
+# function finds its helpers among its module's globals
 gl = None  # bound by gluon_kernels(): a warp-specialized partition reads its annotations there
-MODES = ("launches", "launches_pdl", "after", "before", "no_barrier", "barrier_only", "after_flag", "before_flag",
-         "barrier_only_flag", "smem1", "smem2", "smem_free", "smem_resident", "tagged1", "tagged2", "tma1", "tma2",
-         "ws2", "ws3", "tag_regs")
+MODES = ("launches", "launches_pdl", "after", "before", "late", "no_barrier", "barrier_only", "after_flag",
+         "before_flag", "barrier_only_flag", "smem1", "smem2", "smem_free", "smem_resident", "tagged1", "tagged2",
+         "tma1", "tma2", "ws2", "ws3", "tag_regs")
 BK_TMA = 256  # the widest box a bulk tensor copy takes in one dimension
 # ways whose activations are not the chain's (not checked against it)
 WRONG = ("no_barrier", "barrier_only", "barrier_only_flag", "smem_free", "smem_resident")
-WAY = {"after": 0, "before": 1, "no_barrier": 2, "barrier_only": 3}
+WAY = {"after": 0, "before": 1, "no_barrier": 2, "barrier_only": 3, "late": 4}
 FLAG_AT = 32  # int32 slots: the flag sits on its own 128-byte line
+STAMP_SLOTS = 4  # int64 stamps a program and phase (join_timeline.py): x arrived, y stored, counted in, seen
 
 
 @functools.cache
 def kernels():
-    global _sync, _enter, _flag_sync, _ld_acquire
+    """(chained, one_phase, chained_tags). chained and one_phase take `t_ptr` and, with STAMPS, write each
+    program's %globaltimer stamps there (bench/join_timeline.py); without, they compile as if it were absent."""
+    global _arrive, _wait, _enter, _flag_sync, _ld_acquire, _stamp, _stamp_word
     import triton
     import triton.language as tl
 
     from engine.kernels import pdl, predictor_pass
 
     predictor_pass._kernel()
-    _sync, _enter = predictor_pass._sync, pdl.enter()
+    _arrive, _wait, _ld_acquire = predictor_pass._arrive, predictor_pass._wait, predictor_pass._ld_acquire
+    _enter = pdl.enter()
 
     @triton.jit
-    def _ld_acquire(ptr):
-        return tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                         is_pure=False, pack=1)
+    def _stamp(dep):
+        # the timer read is predicated on a test of dep, so it waits for dep's value
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.eq.s32 p, $1, 2147483647; @p mov.u64 $0, 0; @!p mov.u64 $0, %globaltimer; }",
+            "=l,r", [dep], dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
+    def _stamp_word(ptr):
+        """A stamp taken once one bf16 word, read after the vector read that holds it, has arrived."""
+        return _stamp(tl.load(ptr, cache_modifier=".cg").to(tl.int16, bitcast=True).to(tl.int32))
 
     @triton.jit
     def _flag_sync(bar_ptr, phase, grid, FLAG_AT: tl.constexpr):
@@ -124,30 +137,50 @@ def kernels():
         tl.debug_barrier()
 
     @triton.jit
-    def chained(w_ptr, act_ptr, bar_ptr, PHASES: tl.constexpr, WAY: tl.constexpr, N: tl.constexpr,
-                K: tl.constexpr, BN: tl.constexpr, FLAG: tl.constexpr, FLAG_AT: tl.constexpr):
+    def chained(w_ptr, act_ptr, bar_ptr, t_ptr, PHASES: tl.constexpr, WAY: tl.constexpr, N: tl.constexpr,
+                K: tl.constexpr, BN: tl.constexpr, FLAG: tl.constexpr, FLAG_AT: tl.constexpr,
+                STAMPS: tl.constexpr):
         pid = tl.program_id(0)
         grid = tl.num_programs(0)
         rn = pid * BN + tl.arange(0, BN)
         rk = tl.arange(0, K)
         tile = rn[:, None] * K + rk[None, :]
         w = tl.zeros([BN, K], tl.bfloat16)
-        if WAY == 1 or WAY == 2:
+        if WAY == 1 or WAY == 2 or WAY == 4:
             w = tl.load(w_ptr + tile)
         for p in range(PHASES):
             if WAY == 0:
                 w = tl.load(w_ptr + p * N * K + tile)
             x = tl.load(act_ptr + p * N + rk, cache_modifier=".cg").to(tl.float32)
+            if STAMPS:
+                t_x = _stamp_word(act_ptr + p * N)
             y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
             tl.store(act_ptr + (p + 1) * N + rn, y.to(tl.bfloat16))
+            if STAMPS:
+                t_d = _stamp(pid)
             if WAY == 1 or WAY == 2:
                 if p + 1 < PHASES:
                     w = tl.load(w_ptr + (p + 1) * N * K + tile)
             if WAY != 2:
                 if FLAG:
                     _flag_sync(bar_ptr, p + 1, grid, FLAG_AT)
-                else:
-                    _sync(bar_ptr, (p + 1) * grid)
+                else:  # predictor_pass._sync, taken apart for the late loads and the stamps
+                    arrived = _arrive(bar_ptr)
+                    if STAMPS:
+                        t_a = _stamp(arrived)
+                    if WAY == 4:  # after the release, so its fence cannot wait for these loads
+                        if p + 1 < PHASES:
+                            w = tl.load(w_ptr + (p + 1) * N * K + tile)
+                    seen = _wait(bar_ptr, (p + 1) * grid)
+                    if STAMPS:
+                        t_s = _stamp(seen)
+                    tl.debug_barrier()
+                    if STAMPS:
+                        at = t_ptr + (p * grid + pid) * 4  # STAMP_SLOTS
+                        tl.store(at, t_x)
+                        tl.store(at + 1, t_d)
+                        tl.store(at + 2, t_a)
+                        tl.store(at + 3, t_s)
         done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
         if done == grid - 1:
             tl.atomic_xchg(bar_ptr, 0)
@@ -199,15 +232,22 @@ def kernels():
             tl.atomic_add(state_ptr + 1, 1)
 
     @triton.jit
-    def one_phase(w_ptr, act_ptr, p, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+    def one_phase(w_ptr, act_ptr, t_ptr, p, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr,
+                  STAMPS: tl.constexpr):
         pid = tl.program_id(0)
         rn = pid * BN + tl.arange(0, BN)
         rk = tl.arange(0, K)
         w = tl.load(w_ptr + p * N * K + rn[:, None] * K + rk[None, :])  # weights: before the wait
         _enter(PDL)
         x = tl.load(act_ptr + p * N + rk).to(tl.float32)
+        if STAMPS:
+            t_x = _stamp_word(act_ptr + p * N)
         y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         tl.store(act_ptr + (p + 1) * N + rn, y.to(tl.bfloat16))
+        if STAMPS:
+            at = t_ptr + (p * tl.num_programs(0) + pid) * 4  # STAMP_SLOTS
+            tl.store(at, t_x)
+            tl.store(at + 1, _stamp(pid))
 
     return chained, one_phase, chained_tags
 
@@ -294,6 +334,19 @@ def gluon_kernels():
                 gl.atomic_xchg(bar_ptr + 1, 0)
 
     @gluon.jit
+    def consume(buf, slot, act_ptr, p, N: gl.constexpr, K: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                L: gl.constexpr):
+        """Phase p's products over the tile landed in `slot` (K / BK boxes of BN x BK): [BN] fp32."""
+        KB: gl.constexpr = K // BK
+        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, L))
+        acc = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L))
+        for j in gl.static_range(KB):
+            w = buf.index(slot * KB + j).load(L)
+            x = gl.load(act_ptr + p * N + j * BK + rk, cache_modifier=".cg").to(gl.float32)
+            acc += gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), axis=1)
+        return acc
+
+    @gluon.jit
     def ask(w_desc, buf, ready, phase, slot, pid, N: gl.constexpr, K: gl.constexpr, BN: gl.constexpr):
         BK: gl.constexpr = w_desc.block_type.shape[1]
         mbarrier.expect(ready.index(slot), BN * K * 2)
@@ -312,7 +365,6 @@ def gluon_kernels():
         pid = gl.program_id(0)
         grid = gl.num_programs(0)
         rn = pid * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
-        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, L))
         buf = gl.allocate_shared_memory(gl.bfloat16, [STAGES * KB, BN, BK], w_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
@@ -327,11 +379,7 @@ def gluon_kernels():
                     seen = ld_acquire(bar_ptr)
             slot = p % STAGES
             mbarrier.wait(ready.index(slot), (p // STAGES) & 1)
-            acc = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L))
-            for j in gl.static_range(KB):
-                w = buf.index(slot * KB + j).load(L)
-                x = gl.load(act_ptr + p * N + j * BK + rk, cache_modifier=".cg").to(gl.float32)
-                acc += gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), axis=1)
+            acc = consume(buf, slot, act_ptr, p, N, K, BN, BK, L)
             gl.store(act_ptr + (p + 1) * N + rn, acc.to(gl.bfloat16))
             gl.thread_barrier()  # every thread's store is issued, and its reads of the slot done
             gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
@@ -356,9 +404,7 @@ def gluon_kernels():
     @gluon.jit
     def ws_compute(act_ptr, bar_ptr, buf, ready, free, pid, grid, PHASES: gl.constexpr, N: gl.constexpr,
                    K: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, L: gl.constexpr):
-        KB: gl.constexpr = K // BK
         rn = pid * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
-        rk = gl.arange(0, BK, layout=gl.SliceLayout(0, L))
         for p in range(PHASES):
             if p > 0:
                 seen = ld_acquire(bar_ptr)
@@ -366,11 +412,7 @@ def gluon_kernels():
                     seen = ld_acquire(bar_ptr)
             slot = p % STAGES
             mbarrier.wait(ready.index(slot), (p // STAGES) & 1)
-            acc = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L))
-            for j in gl.static_range(KB):
-                w = buf.index(slot * KB + j).load(L)
-                x = gl.load(act_ptr + p * N + j * BK + rk, cache_modifier=".cg").to(gl.float32)
-                acc += gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), axis=1)
+            acc = consume(buf, slot, act_ptr, p, N, K, BN, BK, L)
             gl.thread_barrier()  # every warp has read the slot
             fence_async_shared()  # ... before the copy that refills it
             mbarrier.arrive(free.index(slot), count=1)
@@ -449,11 +491,11 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
 
         def fn():
             for p in range(phases):
-                one_phase[(GRID,)](w, act, p, N=N, K=K, BN=BN, num_warps=warps, **pdl)
+                one_phase[(GRID,)](w, act, bar, p, N=N, K=K, BN=BN, num_warps=warps, STAMPS=False, **pdl)
     else:
         def fn():
-            chained[(GRID,)](w, act, bar, PHASES=phases, WAY=WAY[mode.removesuffix("_flag")], N=N, K=K, BN=BN,
-                             FLAG=mode.endswith("_flag"), FLAG_AT=FLAG_AT, num_warps=warps)
+            chained[(GRID,)](w, act, bar, bar, PHASES=phases, WAY=WAY[mode.removesuffix("_flag")], N=N, K=K, BN=BN,
+                             FLAG=mode.endswith("_flag"), FLAG_AT=FLAG_AT, STAMPS=False, num_warps=warps)
     return fn, read or (lambda: act)
 
 

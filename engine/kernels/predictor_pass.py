@@ -47,7 +47,7 @@ from ._util import next_pow2, require, sm_count
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
 triton = tl = _round = _rms_apply = _mma = _sync = _prefetch = _gemv = _heads_norm_rope = _token_kv = _put_kv = None
-_attend_window = _attend = _k_step = _ld_acquire = None
+_attend_window = _attend = _k_step = _ld_acquire = _arrive = _wait = None
 
 ENTRIES = 9  # per layer in the address table: qkv, o, gate_up, down, in_norm, post_norm, qk_norm, k, v
 MAX_ROWS = 16
@@ -70,7 +70,7 @@ def reference(stack, x, cache, pos, bias, rope, head_weight, fill_only=False):
 @functools.cache
 def _kernel():
     global triton, tl, _round, _rms_apply, _mma, _sync, _prefetch, _gemv, _heads_norm_rope, _token_kv, _put_kv
-    global _attend_window, _attend, _k_step, _ld_acquire
+    global _attend_window, _attend, _k_step, _ld_acquire, _arrive, _wait
     import triton
     import triton.language as tl
 
@@ -94,14 +94,26 @@ def _kernel():
                                              is_pure=False, pack=1)
 
     @triton.jit
-    def _sync(bar_ptr, target):
-        """Grid barrier: count this program in (release), wait for `target` arrivals (acquire). The polls are
-        the acquire: an unused acquire atomic adding 0 after relaxed polls was compiled away (Triton 3.6)."""
+    def _arrive(bar_ptr):
+        """Count this program in (release; its fence waits for the program's memory operations in flight).
+        Returns the count before it."""
         tl.debug_barrier()  # every thread's stores of this phase are issued before the count moves
-        tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        return tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+
+    @triton.jit
+    def _wait(bar_ptr, target):
+        """Wait for `target` arrivals; returns the count seen. The polls are the acquire: an unused acquire atomic
+        adding 0 after relaxed polls was compiled away (Triton 3.6)."""
         seen = _ld_acquire(bar_ptr)
         while seen < target:
             seen = _ld_acquire(bar_ptr)
+        return seen
+
+    @triton.jit
+    def _sync(bar_ptr, target):
+        """Grid barrier."""
+        _arrive(bar_ptr)
+        _wait(bar_ptr, target)
         tl.debug_barrier()
 
     @triton.jit
