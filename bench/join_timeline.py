@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import phase_cost
 from timing import best_of, mean_gpu_ms
 
-N = K = BN = 0  # set in main
-GRID = 128
+N, BN, GRID = phase_cost.N, phase_cost.BN, phase_cost.GRID  # the chain's shape
+K = 0  # set in main (--k)
 WAYS = {"after": "after", "before": "before", "late": "late", "none": "barrier_only"}  # phase_cost's names
 
 
@@ -100,7 +100,7 @@ def segments(t: torch.Tensor, way: str) -> dict:
 
 
 def main() -> None:
-    global N, K, BN
+    global K
     ap = argparse.ArgumentParser()
     ap.add_argument("--phases", type=int, default=21)
     ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
@@ -109,7 +109,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    N, K, BN = 2048, args.k, 16
+    K = args.k
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if GRID > sms:

@@ -140,6 +140,7 @@ def kernels():
     def chained(w_ptr, act_ptr, bar_ptr, t_ptr, PHASES: tl.constexpr, WAY: tl.constexpr, N: tl.constexpr,
                 K: tl.constexpr, BN: tl.constexpr, FLAG: tl.constexpr, FLAG_AT: tl.constexpr,
                 STAMPS: tl.constexpr):
+        tl.static_assert(not STAMPS or (WAY != 2 and not FLAG), "stamps are taken at the count barrier only")
         pid = tl.program_id(0)
         grid = tl.num_programs(0)
         rn = pid * BN + tl.arange(0, BN)
