@@ -110,13 +110,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     K = args.k
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if GRID > sms:
-        raise SystemExit(f"{GRID} programs need {GRID} SMs for the barrier (this GPU has {sms})")
-    w = torch.randn(args.phases * N * K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
-    act = torch.randn((args.phases + 1) * N, device="cuda", dtype=torch.bfloat16)
-    bar = torch.zeros(2, dtype=torch.int32, device="cuda")
+    w, act, bar = phase_cost.chain_tensors(args.phases, K)
     stamps = torch.zeros(args.phases, GRID, phase_cost.STAMP_SLOTS, dtype=torch.int64, device="cuda")
     print(f"{torch.cuda.get_device_name()}: {args.phases} phases of {N}x{K} bf16 ({N * K * 2 / 1e6:.1f} MB), "
           f"{GRID} programs; µs, means over programs, replays and phases 1..{args.phases - 3}", flush=True)

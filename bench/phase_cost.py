@@ -521,6 +521,17 @@ def measure(mode: str, phases: int, warps: int, w, act, bar) -> float:
     return best_of(lambda _: mean_gpu_ms(g.replay, 20), 5)
 
 
+def chain_tensors(phases: int, k: int):
+    """(weights, activations, barrier words) of a chain of `phases` N x k phases on this GPU, which must hold
+    every program at once."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if GRID > sms:
+        raise SystemExit(f"{GRID} programs need {GRID} SMs for the barrier (this GPU has {sms})")
+    w = torch.randn(phases * N * k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+    act = torch.randn((phases + 1) * N, device="cuda", dtype=torch.bfloat16)
+    return w, act, torch.zeros(2 * FLAG_AT, dtype=torch.int32, device="cuda")
+
+
 def main() -> None:
     global K
     ap = argparse.ArgumentParser()
@@ -531,13 +542,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     K = args.k
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if GRID > sms:
-        raise SystemExit(f"{GRID} programs need {GRID} SMs for the barrier (this GPU has {sms})")
-    w = torch.randn(args.phases * N * K, device="cuda", dtype=torch.bfloat16) * K ** -0.5
-    act = torch.randn((args.phases + 1) * N, device="cuda", dtype=torch.bfloat16)
-    bar = torch.zeros(2 * FLAG_AT, dtype=torch.int32, device="cuda")
+    w, act, bar = chain_tensors(args.phases, K)
     rows = []
     print(f"{torch.cuda.get_device_name()}: {args.phases} phases of {N}x{K} bf16 ({N * K * 2 / 1e6:.1f} MB), "
           f"{GRID} programs", flush=True)
