@@ -52,6 +52,14 @@ every W_p (64 KB a phase at K = 2048), as the persistent pass does. Ways of join
                 polls sit behind the weight stream in their warps (bench/join_timeline.py: a fence waits for its
                 warp's loads in flight, 3.4 us a phase when the next weights were asked before the arrival).
 
+  alternate     one Triton launch of two programs an SM in two groups that take the phases in turn: a group asks
+                for its next phase's weights (into registers) just after its arrival, and they stream in while the
+                other group waits for the count and computes. PDL's overlap (the next kernel's programs load while
+                this one runs) inside one launch; alternate_mixed pairs the groups by launch order instead.
+                Two programs an SM need <= 128 registers a thread at 8 warps (Triton takes 183): 4 warps only.
+  *_one         after / late / barrier_only / alternate with the count polled by each program's thread 0 alone, the
+                other threads held at the program's barrier (a cooperative grid sync's shape), not by every warp.
+  alternate_smem  the same in Gluon with each program's tile in shared memory (cp.async), so 8 warps fit.
   tag_regs      one Triton launch, joined by tags as tagged1/2 but with no shared memory: each phase's weights
                 load into registers right after the previous phase's products (no fence can wait for them, since
                 nothing is released), each thread spins on one word of one producer's rows, then the program reads
@@ -90,10 +98,11 @@ _arrive = _wait = _enter = _flag_sync = _ld_acquire = _stamp = _stamp_word = Non
 gl = None  # bound by gluon_kernels(): a warp-specialized partition reads its annotations there
 MODES = ("launches", "launches_pdl", "after", "before", "late", "no_barrier", "barrier_only", "after_flag",
          "before_flag", "barrier_only_flag", "smem1", "smem2", "smem_free", "smem_resident", "tagged1", "tagged2",
-         "tma1", "tma2", "ws2", "ws3", "tag_regs")
+         "tma1", "tma2", "ws2", "ws3", "tag_regs", "alternate", "alternate_mixed",
+         "alternate_smem", "alternate_one", "after_one", "late_one", "barrier_only_one")
 BK_TMA = 256  # the widest box a bulk tensor copy takes in one dimension
 # ways whose activations are not the chain's (not checked against it)
-WRONG = ("no_barrier", "barrier_only", "barrier_only_flag", "smem_free", "smem_resident")
+WRONG = ("no_barrier", "barrier_only", "barrier_only_flag", "barrier_only_one", "smem_free", "smem_resident")
 WAY = {"after": 0, "before": 1, "no_barrier": 2, "barrier_only": 3, "late": 4}
 FLAG_AT = 32  # int32 slots: the flag sits on its own 128-byte line
 STAMP_SLOTS = 4  # int64 stamps a program and phase (join_timeline.py): x arrived, y stored, counted in, seen
@@ -126,6 +135,16 @@ def kernels():
         return _stamp(tl.load(ptr, cache_modifier=".cg").to(tl.int16, bitcast=True).to(tl.int32))
 
     @triton.jit
+    def _wait_one(bar_ptr, target):
+        """_wait polled by the program's thread 0 alone (the others wait at the barrier after it), as a cooperative
+        grid sync does: one poller a program instead of every warp on the count's line. Returns the count it saw
+        (0 in the other threads)."""
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; mov.u32 $0, 0; setp.ne.u32 p, t, 0; @p bra DONE${:uid}; "
+            "SPIN${:uid}: ld.acquire.gpu.global.u32 $0, [$1]; setp.lt.s32 p, $0, $2; @p bra SPIN${:uid}; "
+            "DONE${:uid}: }", "=r,l,r", [bar_ptr, target], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _flag_sync(bar_ptr, phase, grid, FLAG_AT: tl.constexpr):
         tl.debug_barrier()  # the program's stores of this phase are issued before it counts itself in
         arrived = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
@@ -139,7 +158,7 @@ def kernels():
     @triton.jit
     def chained(w_ptr, act_ptr, bar_ptr, t_ptr, PHASES: tl.constexpr, WAY: tl.constexpr, N: tl.constexpr,
                 K: tl.constexpr, BN: tl.constexpr, FLAG: tl.constexpr, FLAG_AT: tl.constexpr,
-                STAMPS: tl.constexpr):
+                STAMPS: tl.constexpr, ONE: tl.constexpr = False):
         tl.static_assert(not STAMPS or (WAY != 2 and not FLAG), "stamps are taken at the count barrier only")
         pid = tl.program_id(0)
         grid = tl.num_programs(0)
@@ -172,7 +191,10 @@ def kernels():
                     if WAY == 4:  # after the release, so its fence cannot wait for these loads
                         if p + 1 < PHASES:
                             w = tl.load(w_ptr + (p + 1) * N * K + tile)
-                    seen = _wait(bar_ptr, (p + 1) * grid)
+                    if ONE:
+                        seen = _wait_one(bar_ptr, (p + 1) * grid)
+                    else:
+                        seen = _wait(bar_ptr, (p + 1) * grid)
                     if STAMPS:
                         t_s = _stamp(seen)
                     tl.debug_barrier()
@@ -250,12 +272,49 @@ def kernels():
             tl.store(at, t_x)
             tl.store(at + 1, _stamp(pid))
 
-    return chained, one_phase, chained_tags
+    @triton.jit
+    def alternating(w_ptr, act_ptr, bar_ptr, PHASES: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                    BN: tl.constexpr, MIXED: tl.constexpr, ONE: tl.constexpr):
+        """Two groups of programs take the phases in turn (group g: phases g, g + 2, ...), two programs an SM.
+        A group asks for its next tile just after its arrival and has the other group's whole phase to receive it,
+        as PDL's next kernel loads its weights while the previous one runs: no program waits at a fence or a poll
+        behind its next phase's loads while that phase is the one being joined."""
+        pid = tl.program_id(0)
+        half = tl.num_programs(0) // 2
+        if MIXED:  # neighbours in launch order in different groups
+            g = pid % 2
+            r = pid // 2
+        else:
+            g = pid // half
+            r = pid % half
+        rn = r * BN + tl.arange(0, BN)
+        rk = tl.arange(0, K)
+        tile = rn[:, None] * K + rk[None, :]
+        w = tl.load(w_ptr + g * N * K + tile, mask=g < PHASES, other=0.0)
+        for p in range(g, PHASES, 2):
+            if p > 0:
+                if ONE:
+                    _wait_one(bar_ptr, p * half)
+                else:
+                    _wait(bar_ptr, p * half)
+                tl.debug_barrier()
+            x = tl.load(act_ptr + p * N + rk, cache_modifier=".cg").to(tl.float32)
+            y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            tl.store(act_ptr + (p + 1) * N + rn, y.to(tl.bfloat16))
+            _arrive(bar_ptr)
+            w = tl.load(w_ptr + (p + 2) * N * K + tile, mask=p + 2 < PHASES, other=0.0)
+        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == 2 * half - 1:
+            tl.atomic_xchg(bar_ptr, 0)
+            tl.atomic_xchg(bar_ptr + 1, 0)
+
+    return chained, one_phase, chained_tags, alternating
 
 
 @functools.cache
 def gluon_kernels():
-    """The Gluon ways' kernels: chained_smem (smem*, tagged*), chained_tma (tma*) and chained_ws (ws*)."""
+    """The Gluon ways' kernels: chained_smem (smem*, tagged*), chained_tma (tma*), chained_ws (ws*) and
+    alternating_smem (alternate_smem)."""
     global gl
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -333,6 +392,45 @@ def gluon_kernels():
             if done == grid - 1:
                 gl.atomic_xchg(bar_ptr, 0)
                 gl.atomic_xchg(bar_ptr + 1, 0)
+
+    @gluon.jit
+    def alternating_smem(w_ptr, act_ptr, bar_ptr, PHASES: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+                         BN: gl.constexpr):
+        """`alternating` with each program's tile in shared memory (cp.async): two groups take the phases in
+        turn, a group asks for its next tile just after its arrival and it lands while the other group computes."""
+        WARPS: gl.constexpr = gl.num_warps()
+        L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
+        S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        pid = gl.program_id(0)
+        half = gl.num_programs(0) // 2
+        g = pid // half
+        rn = (pid % half) * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+        rk = gl.arange(0, K, layout=gl.SliceLayout(0, L))
+        tile = gl.expand_dims(rn, 1) * K + gl.expand_dims(rk, 0)
+        buf = gl.allocate_shared_memory(gl.bfloat16, [BN, K], S)
+        if g < PHASES:
+            cp.async_copy_global_to_shared(buf, w_ptr + g * N * K + tile)
+        cp.commit_group()
+        for p in range(g, PHASES, 2):
+            if p > 0:
+                seen = ld_acquire(bar_ptr)
+                while seen < p * half:
+                    seen = ld_acquire(bar_ptr)
+            cp.wait_group(0)
+            gl.thread_barrier()
+            w = buf.load(L)
+            x = gl.load(act_ptr + p * N + rk, cache_modifier=".cg").to(gl.float32)
+            y = gl.sum(w.to(gl.float32) * gl.expand_dims(x, 0), axis=1)
+            gl.store(act_ptr + (p + 1) * N + rn, y.to(gl.bfloat16))
+            gl.thread_barrier()  # every thread's store is issued, and its reads of the tile done
+            gl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+            if p + 2 < PHASES:  # after the release, which this copy can then never hold up
+                cp.async_copy_global_to_shared(buf, w_ptr + (p + 2) * N * K + tile)
+            cp.commit_group()
+        done = gl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == 2 * half - 1:
+            gl.atomic_xchg(bar_ptr, 0)
+            gl.atomic_xchg(bar_ptr + 1, 0)
 
     @gluon.jit
     def consume(buf, slot, act_ptr, p, N: gl.constexpr, K: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
@@ -445,7 +543,7 @@ def gluon_kernels():
             (ws_load, (w_desc, buf, ready, free, pid, PHASES, N, K, BN, STAGES)),
         ], [1], [24])
 
-    return chained_smem, chained_tma, chained_ws
+    return chained_smem, chained_tma, chained_ws, alternating_smem
 
 
 def graph_of(fn):
@@ -459,7 +557,7 @@ def graph_of(fn):
 
 def launcher(mode: str, phases: int, warps: int, w, act, bar):
     """(run, read): run() launches the chain once this way; read() is then its activations, like `act`."""
-    chained, one_phase, chained_tags = kernels()
+    chained, one_phase, chained_tags, alternating = kernels()
     read = None
     if mode.startswith(("tma", "ws")):
         from triton.experimental.gluon.language import NVMMASharedLayout
@@ -487,6 +585,20 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
 
         def fn():
             chained_tags[(GRID,)](w, words, state, PHASES=phases, N=N, K=K, BN=BN, PRODUCERS=GRID, num_warps=warps)
+    elif mode == "alternate_smem":
+        alternating_smem = gluon_kernels()[3]
+        opts = dict(PHASES=phases, N=N, K=K, BN=BN, num_warps=warps)
+        require_resident(alternating_smem.warmup(w, act, bar, grid=(2 * GRID,), **opts), 2 * GRID, warps)
+
+        def fn():
+            alternating_smem[(2 * GRID,)](w, act, bar, **opts)
+    elif mode.startswith("alternate"):
+        opts = dict(PHASES=phases, N=N, K=K, BN=BN, MIXED=mode == "alternate_mixed", ONE=mode == "alternate_one",
+                    num_warps=warps)
+        require_resident(alternating.warmup(w, act, bar, grid=(2 * GRID,), **opts), 2 * GRID, warps)
+
+        def fn():
+            alternating[(2 * GRID,)](w, act, bar, **opts)
     elif mode.startswith("launches"):
         pdl = {"PDL": True, "launch_pdl": True} if mode == "launches_pdl" else {"PDL": False}
 
@@ -495,9 +607,20 @@ def launcher(mode: str, phases: int, warps: int, w, act, bar):
                 one_phase[(GRID,)](w, act, bar, p, N=N, K=K, BN=BN, num_warps=warps, STAMPS=False, **pdl)
     else:
         def fn():
-            chained[(GRID,)](w, act, bar, bar, PHASES=phases, WAY=WAY[mode.removesuffix("_flag")], N=N, K=K, BN=BN,
-                             FLAG=mode.endswith("_flag"), FLAG_AT=FLAG_AT, STAMPS=False, num_warps=warps)
+            chained[(GRID,)](w, act, bar, bar, PHASES=phases, WAY=WAY[mode.removesuffix("_flag").removesuffix("_one")],
+                             N=N, K=K, BN=BN, FLAG=mode.endswith("_flag"), FLAG_AT=FLAG_AT, STAMPS=False,
+                             ONE=mode.endswith("_one"), num_warps=warps)
     return fn, read or (lambda: act)
+
+
+def require_resident(compiled, grid: int, warps: int) -> None:
+    """Refuse a grid the GPU cannot hold at once (its barrier would never open)."""
+    from engine.kernels.predictor_pass import resident_programs
+
+    compiled._init_handles()  # loads the binary: n_regs is known from here
+    fits = resident_programs(compiled, 0, warps, per_sm=grid)
+    if fits < grid:
+        raise RuntimeError(f"{grid} programs of {compiled.n_regs} registers x {warps} warps: {fits} fit at once")
 
 
 def tagged_words(act):
@@ -557,7 +680,7 @@ def main() -> None:
                     if err > 5e-2:  # rounding orders differ by ~1e-2 after 21 bf16 phases; a race is O(1)
                         raise AssertionError(f"final activations differ from launches' (max rel {err:.3g})")
                 # Triton 3.6 cannot lower a 1-phase Gluon chain
-                base = 2 if mode.startswith(("smem", "tagged", "tma", "ws")) else 1
+                base = 2 if mode.startswith(("smem", "tagged", "tma", "ws", "alternate_smem")) else 1
                 t1 = measure(mode, base, warps, w, act, bar)
                 tn = measure(mode, args.phases, warps, w, act, bar)
             except Exception as exc:  # one way failing (registers, a hang guard) must not lose the others
