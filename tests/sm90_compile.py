@@ -29,6 +29,8 @@ def linear_launches(rows: int) -> None:
 
     for n, k, prologue, residual, bias in st.LINEAR_SHAPES:
         st.check_linear("cpu", BF16, rows, n, k, prologue, residual, bias)
+    for producer, consumer in st.SPLIT_SUM_SHAPES:  # the deferred split-K sums, left and made
+        st.check_split_sum("cpu", BF16, rows, producer, consumer)
 
 
 def attention_launches(rows: int) -> None:
@@ -44,7 +46,7 @@ def attention_launches(rows: int) -> None:
     st.check_attention("cpu", BF16, rows, seq=4096, filled=300, per_row=rows > 1, device_length=True)
     st.check_rope_attention("cpu", BF16, rows, seq=4096, pos=300, per_row=rows > 1, device_length=True)
     if rows <= attention_o_proj.MAX_ROWS:
-        st.check_attention_o_proj("cpu", BF16, rows, seq=16, window=16, pos=9, per_row=rows > 1)
+        st.check_attention_o_proj("cpu", BF16, rows, seq=16, window=16, pos=9, per_row=rows > 1, defer=rows == 1)
 
 
 def mlp_launches(rows: int) -> None:

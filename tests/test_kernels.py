@@ -286,6 +286,12 @@ def test_attention_o_proj(dtype, b, per_row):
     st.check_attention_o_proj(DEV, dtype, b, **SMALL_HEADS, seq=20, window=16, pos=9, n=48, seed=b, per_row=per_row)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_attention_o_proj_deferred_sum(dtype):
+    """With defer the kv heads' partials are left for the next linear; their sum is the finished launch's."""
+    st.check_attention_o_proj(DEV, dtype, 1, **SMALL_HEADS, seq=20, window=16, pos=9, n=48, seed=3, defer=True)
+
+
 def test_attention_o_proj_edges():
     """The last position of a short window, the first position with one query head a kv head, and three
     query heads a kv head (padded to four)."""
@@ -436,6 +442,51 @@ def test_linear_long_swiglu_on_tensor_cores():
 def test_linear_rows_past_one_tile():
     """32 rows (the predictor's two-token step at 16 takes) take a 32-row tile."""
     st.check_linear(DEV, torch.bfloat16, 32, 24, 96, "rms_norm", config=SMALL_LINEAR, target=8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("prologue", ["rms_norm", "none"])
+@pytest.mark.parametrize("consumer", [{"target": 1, "BLOCK_K": 256}, {"target": 1}, {"target": 64}],
+                         ids=["one_tile", "k_loop", "split"])
+def test_linear_deferred_sum_same_bits(dtype, m, prologue, consumer):
+    """A split-K launch with defer leaves its partials (split_sum.py); the next linear makes the row from them
+    in its prologue (one tile, a K loop, itself split) and stores it in out. Both the consumer's result and the
+    stored row equal the finished launch's, bit for bit."""
+    from engine.kernels import linear as kl
+    from engine.kernels import split_sum
+
+    g = torch.Generator().manual_seed(m)
+    x0, r = torch.randn(m, 1, 160, generator=g).to(dtype), torch.randn(m, 1, 96, generator=g).to(dtype)
+    w1, w2 = (torch.randn(96, 160, generator=g) * 0.1).to(dtype), (torch.randn(40, 96, generator=g) * 0.1).to(dtype)
+    nw = (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
+    y = kl.linear(x0, w1, residual=r, config=SMALL_LINEAR, target=64)
+    left = kl.linear(x0, w1, residual=r, config=SMALL_LINEAR, target=64, defer=True)
+    assert isinstance(left, split_sum.SplitSum) and left.splits > 1
+    assert torch.equal(split_sum.reference(left), y)
+    norm = {"norm_weight": nw} if prologue == "rms_norm" else {}
+    cfg = {**SMALL_LINEAR, "BLOCK_K": consumer.get("BLOCK_K", 32)}
+    want = kl.linear(y, w2, prologue=prologue, **norm, config=cfg, target=consumer["target"])
+    got = kl.linear(left, w2, prologue=prologue, **norm, config=cfg, target=consumer["target"])
+    assert torch.equal(got, want)
+    assert torch.equal(left.out, y)
+
+
+def test_linear_defer_only_where_it_pays(monkeypatch):
+    """defer returns the finished tensor where there is no sum to leave (an unsplit launch), on the tensor-core
+    path (3+ rows), and where the consumer's row is wider than its one FMA tile."""
+    from engine.kernels import linear as kl
+
+    def launch(m, k, **kw):
+        x, w, r = torch.randn(m, k), torch.randn(40, k) * 0.1, torch.randn(m, 40)
+        y = kl.linear(x, w, residual=r, defer=True, **kw)
+        assert isinstance(y, torch.Tensor)
+        torch.testing.assert_close(y, r + x @ w.T, atol=1e-4, rtol=1e-4)
+
+    launch(1, 64, config={**SMALL_LINEAR, "BLOCK_K": 64}, target=1)
+    launch(5, 200, config=SMALL_LINEAR, target=64)
+    monkeypatch.setitem(kl.CONFIG, "fma", {**kl.CONFIG["fma"], "BLOCK_K": 32})
+    launch(1, 200, config=SMALL_LINEAR, target=64)
 
 
 def test_linear_counters_rearm():
@@ -605,6 +656,48 @@ def test_layer_step_matches_fused_layer(dtype, rows):
         tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 6e-2, "rtol": 3e-2}
         torch.testing.assert_close(got, want, **tol)
         torch.testing.assert_close(caches[2], caches[0], **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 2])
+def test_stack_step_with_deferred_sums_same_bits(monkeypatch, dtype, rows):
+    """A 3-layer stack step with every kernel on, its linears split (K in 32-wide tiles, rows 32 wide): down_proj's
+    sum is left to the next layer's qkv launch and o_proj's to gate/up (split_sum.py), and the steps give the same
+    bits and caches as with no launch deferred (DEFER_ROWS all 0)."""
+    from engine.gpu.fused_layers import FusedStack
+    from engine.kernels import linear as kl
+    from engine.kernels import split_sum
+    from engine.model.kv_cache import KVCache
+
+    monkeypatch.setitem(kl.CONFIG, "fma", {**kl.CONFIG["fma"], "BLOCK_N": 32, "BLOCK_K": 32})  # rows: one tile
+    left = []
+
+    made = split_sum.SplitSum.__init__
+
+    def counted(self, part, *args):
+        left.append(part.shape[0])
+        made(self, part, *args)
+
+    monkeypatch.setattr(split_sum.SplitSum, "__init__", counted)
+    fs = st.predictor_stack(DEV, dtype, hidden=32, inter=128, layers=3, nh=2, nkv=2, std=0.1)
+    runs = []
+    for limits in ({"linear": 0, "attention_o_proj": 0}, dict(split_sum.DEFER_ROWS)):
+        monkeypatch.setattr(split_sum, "DEFER_ROWS", limits)
+        stack = FusedStack(fs.stack, kernels.Kernels(kernels.NAMES))
+        cache = KVCache(3, rows, 2, 8, 32, dtype, DEV)
+        outs = []
+        for t in range(2):
+            x = torch.randn(rows, 1, 32, generator=torch.Generator().manual_seed(t)).to(dtype)
+            pos = torch.tensor([t])
+            bias = torch.where(torch.arange(8) <= t, 0.0, float("-inf")).to(dtype)
+            outs.append(stack.step(x, cache, pos, bias))
+        runs.append((outs, cache.store.clone()))
+    # per step: o_proj's sum left in every layer (at one row the attention + o_proj launch's), down_proj's in
+    # all but the last
+    assert len(left) == 2 * (3 + 2), left
+    for a, b in zip(runs[0][0], runs[1][0]):
+        assert torch.equal(a, b)
+    assert torch.equal(runs[0][1], runs[1][1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

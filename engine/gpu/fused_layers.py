@@ -14,9 +14,9 @@ path. Per layer and token:
   * RMSNorm + one gate/up matmul;
   * SwiGLU + down_proj with the residual added in its epilogue.
 With Triton that is 6 launches (engine/kernels/linear.py fuses the norms, SwiGLU and residuals into the
-matmuls), 4 where the q/k norm, attention and o_proj fit one launch (engine/kernels/attention_o_proj.py:
-the code predictor at one take; the opt-in engine/kernels/mlp.py would make it 3, measured slower); in torch
-about 20. `prefill` runs a fresh prompt's T tokens the same way
+matmuls; at 1-2 rows a split-K launch leaves its sum to the next linear, engine/kernels/split_sum.py), 4 where
+the q/k norm, attention and o_proj fit one launch (engine/kernels/attention_o_proj.py: the code predictor at
+one take; the opt-in engine/kernels/mlp.py would make it 3, measured slower); in torch about 20. `prefill` runs a fresh prompt's T tokens the same way
 with ~10 launches a layer (cuBLAS matmuls, which win at T rows; one-launch norms and q/k norm + RoPE +
 cache write; the residuals added in the matmuls' epilogues) instead of ~53 op by op. Numerics follow
 engine/model/layers.py: RMSNorm normalises in fp32, casts back, then scales; RoPE tables come in the
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..kernels import Kernels
 from ..kernels._util import ContractError
 from ..kernels.predictor_pass import NotResidentError, PredictorPass
+from ..kernels.split_sum import made
 from ..model.layers import DecoderLayer, DecoderStack, sdpa
 
 NO_KERNELS = Kernels()  # every op runs as its torch reference
@@ -54,14 +55,18 @@ class FusedLayer:
             self.qk_norm = torch.cat([attn.q_norm.weight.expand(self.nh, self.d),
                                       attn.k_norm.weight.expand(self.nkv, self.d)])
 
-    def step(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache, pos, bias, share=None):
+    def step(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache, pos, bias, share=None, defer_out=False):
         """x [B, 1, H] at position pos ([1] long); attends over the first len(bias) cache positions (`share`:
-        engine/kernels/attention._launch)."""
+        engine/kernels/attention._launch). x may be a SplitSum (engine/kernels/split_sum.py) left by the layer
+        before; defer_out: this layer's output may be one too (its consumer is the next layer's qkv linear).
+        Inside the layer, o_proj's sum is left to the gate/up linear where the kernels allow it."""
         lay = self.layer
         qkv = ks.linear(x, self.qkv, prologue="rms_norm", norm_weight=lay.input_layernorm.weight, eps=self.eps)
+        x = made(x)  # the qkv launch stored a deferred input's row
         x = ks.attention_o_proj(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos, bias,
-                                self.scale, self.nh, self.nkv, lay.self_attn.o_proj.weight, x, share)
-        return ks.mlp(x, self.gate_up, lay.post_attention_layernorm.weight, self.eps, lay.mlp.down_proj.weight)
+                                self.scale, self.nh, self.nkv, lay.self_attn.o_proj.weight, x, share, defer=True)
+        return ks.mlp(x, self.gate_up, lay.post_attention_layernorm.weight, self.eps, lay.mlp.down_proj.weight,
+                      defer=defer_out)
 
     def prefill(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache):
         """x [T, H] at positions 0..T-1 of a fresh prompt -> [T, H]; writes positions 0..T-1 of the batch-1
@@ -138,8 +143,9 @@ class FusedStack:
         final_norm=False (the caller then fuses the norm into its head, or only needed the cache). `share`: the
         rows whose prompt K/V another row's copy can stand for (engine/kernels/attention._launch)."""
         cos, sin_signed = rope if rope is not None else self.rope(pos, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer.step(self.ks, x, cos, sin_signed, cache.k[i], cache.v[i], pos, bias, share)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):  # the last layer's sum is made in its own launch
+            x = layer.step(self.ks, x, cos, sin_signed, cache.k[i], cache.v[i], pos, bias, share, defer_out=i < last)
         if not final_norm:
             return x
         norm = self.stack.norm

@@ -111,8 +111,18 @@ class Kernels:
             return getattr(m, triton_fn)(*args, pdl=self.pdl, **(triton_only or {}), **kw)
         return getattr(m, reference_fn)(*args, **kw)
 
-    def linear(self, x, weight, **kw):
-        return self._run("linear", "linear", "reference", x, weight, triton_only={"counters": self.counters}, **kw)
+    def defers(self, producer: str, rows: int) -> bool:
+        """Whether a `producer` launch ("linear", "attention_o_proj") of `rows` rows may leave its split-K sum to
+        the next linear (split_sum.py): both run as Triton, and no opt-in launch that takes no SplitSum (the
+        fused MLP) sits between them."""
+        limit = _module("split_sum").DEFER_ROWS.get(producer, 0)
+        return "linear" in self.active and producer in self.active and "mlp" not in self.active and rows <= limit
+
+    def linear(self, x, weight, defer=False, **kw):
+        """x: a tensor, or a SplitSum left by a deferred launch (only ever given where the Triton linear runs).
+        defer: see linear.linear (the caller asked `defers`)."""
+        return self._run("linear", "linear", "reference", x, weight,
+                         triton_only={"counters": self.counters, **({"defer": True} if defer else {})}, **kw)
 
     def rms_norm(self, x, weight, eps):
         return self._run("rms_norm", "rms_norm", "reference", x, weight, eps)
@@ -144,28 +154,35 @@ class Kernels:
         return self.attention(q, k_cache, v_cache, bias, scale, share, pos=pos)
 
     def attention_o_proj(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
-                         weight, residual, share=None):
+                         weight, residual, share=None, defer=False):
         """rope_attention, then o_proj (`weight`) with the residual added -> [B, 1, N]: one Triton launch when
         "attention_o_proj" is active and fits (attention_o_proj.fits: one row, a short window), else
-        those ops by their own switches."""
+        those ops by their own switches. defer: whichever launch makes o_proj may leave its sum to the next
+        linear (a SplitSum) where `defers` allows it."""
         fused = _module("attention_o_proj")
         b = qkv.shape[0]
         # The fused launch takes a bias; without one (each row's length read on the device) the two ops run.
         if "attention_o_proj" in self.active and bias is not None and fused.fits(b, bias.shape[-1]):
             return fused.attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
-                                          nh, nkv, weight, residual, pdl=self.pdl, counters=self.counters)
+                                          nh, nkv, weight, residual, pdl=self.pdl, counters=self.counters,
+                                          defer=defer and self.defers("attention_o_proj", b) and nkv > 1
+                                          and _module("linear").one_tile_row(weight.shape[0]))
         out = self.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh,
                                   nkv, share)
-        return self.linear(out.reshape(b, 1, nh * k_cache.shape[-1]), weight, residual=residual)
+        return self.linear(out.reshape(b, 1, nh * k_cache.shape[-1]), weight, residual=residual,
+                           defer=defer and self.defers("linear", b))
 
-    def mlp(self, x, gate_up, norm_weight, eps, down):
+    def mlp(self, x, gate_up, norm_weight, eps, down, defer=False):
         """x + down(SwiGLU(rms_norm(x) @ gate_up^T)) -> like x: one Triton launch when the opt-in "mlp" is active
-        and fits (mlp.fits: up to two rows), else the two linears by their own switch."""
+        and fits (mlp.fits: up to two rows), else the two linears by their own switch. x may be a SplitSum (the
+        gate/up launch makes it); defer: the down launch may leave its sum to the next linear."""
         fused = _module("mlp")
-        if "mlp" in self.active and fused.fits(x.numel() // x.shape[-1], x.shape[-1], down.shape[1]):
+        rows = x.shape[:-1].numel()
+        if "mlp" in self.active and fused.fits(rows, x.shape[-1], down.shape[1]):
             return fused.mlp(x, gate_up, norm_weight, eps, down, pdl=self.pdl, counters=self.counters)
         gu = self.linear(x, gate_up, prologue="rms_norm", norm_weight=norm_weight, eps=eps)
-        return self.linear(gu, down, prologue="silu_mul", residual=x)
+        return self.linear(gu, down, prologue="silu_mul", residual=_module("split_sum").made(x),
+                           defer=defer and self.defers("linear", rows))
 
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         return self._run("sample", "sample", "reference", logits, do_sample, temperature, k_index, top_p, **kw)

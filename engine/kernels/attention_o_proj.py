@@ -37,6 +37,7 @@ from . import linear as kl
 from . import qk_norm_rope_kv as kq
 from ._util import next_pow2, require
 from .pdl import launch_options
+from .split_sum import SplitSum
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
 triton = tl = _pdl_enter = _round = _heads_norm_rope = _token_kv = _live_row = _put_kv = _attend_window = _finish = None
@@ -88,7 +89,7 @@ def _kernel():
                                 NH: tl.constexpr, NKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 BLOCK_W: tl.constexpr, SP: tl.constexpr, EMULATE_RNE: tl.constexpr,
-                                PDL: tl.constexpr):
+                                DEFER: tl.constexpr, PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         h = tl.program_id(1)  # kv head, and the split of K this program sums
         dt = y_ptr.dtype.element_ty
@@ -128,16 +129,17 @@ def _kernel():
             part = tl.sum(tl.sum(wt * out[None, :, :], axis=2), axis=1)  # [BLOCK_N]
             acc = tl.where(rm[:, None] == r, acc + part[None, :], acc)
         _finish(acc, rm, rn, rm < M, n_ok, M, N, pid_n, h, NKV, part_ptr, count_ptr, y_ptr, stride_y,
-                res_ptr, stride_r, y_ptr, True, False, BLOCK_M, BLOCK_N, SP, EMULATE_RNE)
+                res_ptr, stride_r, y_ptr, True, False, BLOCK_M, BLOCK_N, SP, EMULATE_RNE, DEFER)
 
     return attention_o_proj_kernel
 
 
 def attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv, weight,
-                     residual, pdl=False, config=None, counters=None):
+                     residual, pdl=False, config=None, counters=None, defer=False):
     """Same arguments and result as `reference` (qkv [B, (nh + 2 nkv) * D] or [B, 1, ...]; pos one position
     or one per row, cos / sin and bias to match; weight [N, nh * D]; residual [B, 1, N]) -> [B, 1, N].
-    Needs fits(B, window); config overrides CONFIG; counters: the engine's arrival counters (counters.py)."""
+    Needs fits(B, window); config overrides CONFIG; counters: the engine's arrival counters (counters.py).
+    defer: the kv heads' partials are left for the next linear to sum: returns a SplitSum (split_sum.py)."""
     cfg = {**CONFIG, **(config or {})}
     b = qkv.shape[0]
     window = bias.shape[-1]
@@ -165,5 +167,8 @@ def attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache
         weight, weight.stride(0), res, res.stride(0), y, y.stride(0), part, counters, b, n,
         NH=nh, NKV=nkv, G=g, GP=max(next_pow2(g), 1), D=d, BLOCK_M=next_pow2(b), BLOCK_N=block_n,
         BLOCK_W=max(next_pow2(window), 2), SP=kl.unrolled_splits(nkv),
-        EMULATE_RNE=qkv.dtype == torch.bfloat16 and interpreting(), num_warps=cfg["num_warps"], **launch_options(pdl))
+        EMULATE_RNE=qkv.dtype == torch.bfloat16 and interpreting(), DEFER=bool(defer), num_warps=cfg["num_warps"],
+        **launch_options(pdl))
+    if defer:
+        return SplitSum(part, res, y.view(b, 1, n))
     return y.view(b, 1, n)

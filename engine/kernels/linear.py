@@ -29,9 +29,10 @@ from . import counters as arrivals
 from . import interpreting
 from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
+from .split_sum import SplitSum
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _round = _rms_apply = _sum_sq = _mma = _act = _finish = _pdl_enter = None
+triton = tl = _round = _rms_apply = _x_tile = _sum_sq = _mma = _act = _finish = _pdl_enter = None
 
 PROLOGUES = {"none": 0, "rms_norm": 1, "silu_mul": 2}
 MAX_ROWS = 64
@@ -76,7 +77,7 @@ def exact(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, 
 
 @functools.cache
 def _kernel():
-    global triton, tl, _round, _rms_apply, _sum_sq, _mma, _act, _finish, _pdl_enter
+    global triton, tl, _round, _rms_apply, _x_tile, _sum_sq, _mma, _act, _finish, _pdl_enter
     import triton
     import triton.language as tl
 
@@ -101,11 +102,28 @@ def _kernel():
         return _round(a * nw[None, :], dt, EMULATE_RNE)
 
     @triton.jit
-    def _sum_sq(x_ptr, stride_x, rm, m_ok, k0, K, BLOCK_K: tl.constexpr):
+    def _x_tile(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, rk, k_ok, M, K, XS: tl.constexpr,
+                dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """A [rows, BLOCK_K] tile of the input: loaded, or with XS > 0 made from a deferred split-K sum
+        (split_sum.py): XS fp32 partials [XS, M, K] added in split order from +0.0, then the residual, rounded
+        once, as linear's `_finish` does."""
+        mask = m_ok[:, None] & k_ok[None, :]
+        if XS == 0:
+            return tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=mask, other=0.0)
+        at = rm[:, None] * K + rk[None, :]
+        acc = tl.zeros(at.shape, tl.float32)
+        for sp in tl.static_range(XS):
+            acc += tl.load(xp_ptr + sp * M * K + at, mask=mask, other=0.0)
+        acc += tl.load(xr_ptr + rm[:, None] * stride_xr + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+        return _round(acc, dt, EMULATE_RNE)
+
+    @triton.jit
+    def _sum_sq(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, k0, M, K, BLOCK_K: tl.constexpr,
+                XS: tl.constexpr, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
         """Each row's sum of squares over columns k0 .. k0 + BLOCK_K (those below K), in fp32: [rows]."""
         rk = k0 + tl.arange(0, BLOCK_K)
-        xv = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & (rk[None, :] < K),
-                     other=0.0).to(tl.float32)
+        xv = _x_tile(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, rk, rk < K, M, K, XS, dt,
+                     EMULATE_RNE).to(tl.float32)
         return tl.sum(xv * xv, axis=1)
 
     @triton.jit
@@ -127,18 +145,22 @@ def _kernel():
         return acc
 
     @triton.jit
-    def _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE: tl.constexpr, dt: tl.constexpr,
-             EMULATE_RNE: tl.constexpr):
-        """One [rows, BLOCK_K] tile of the prologue's output."""
+    def _act(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, xo_ptr, keep_x, rm, m_ok, rk, k_ok, M, K, rinv, nw_ptr,
+             PROLOGUE: tl.constexpr, XS: tl.constexpr, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """One [rows, BLOCK_K] tile of the prologue's output. With a deferred input (XS > 0) the programs that
+        keep_x also store the input tile they made into xo_ptr (rows of K, like the partials)."""
         xmask = m_ok[:, None] & k_ok[None, :]
-        xp = x_ptr + rm[:, None] * stride_x + rk[None, :]
         if PROLOGUE == 2:
+            xp = x_ptr + rm[:, None] * stride_x + rk[None, :]
             g = tl.load(xp, mask=xmask, other=0.0).to(tl.float32)
             u = tl.load(xp + K, mask=xmask, other=0.0).to(tl.float32)
             s = _round(g / (1.0 + tl.exp(-g)), dt, EMULATE_RNE).to(tl.float32)
             a = _round(s * u, dt, EMULATE_RNE)
         else:
-            a = tl.load(xp, mask=xmask, other=0.0)
+            a = _x_tile(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, rk, k_ok, M, K, XS, dt, EMULATE_RNE)
+            if XS > 0:
+                if keep_x:
+                    tl.store(xo_ptr + rm[:, None] * K + rk[None, :], a, mask=xmask)
             if PROLOGUE == 1:
                 a = _rms_apply(a, rinv, nw_ptr, rk, k_ok, dt, EMULATE_RNE)
         return a
@@ -146,18 +168,22 @@ def _kernel():
     @triton.jit
     def _finish(acc, rm, rn, m_ok, n_ok, M, N, pid_n, pid_k, splits, part_ptr, count_ptr, y_ptr, stride_y,
                 res_ptr, stride_r, bias_ptr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, SP: tl.constexpr, EMULATE_RNE: tl.constexpr):
+                BLOCK_N: tl.constexpr, SP: tl.constexpr, EMULATE_RNE: tl.constexpr, DEFER: tl.constexpr):
         """The epilogue of a split-K program with partial acc [BLOCK_M, BLOCK_N] (split pid_k of `splits`):
         the splits' fp32 partials meet at column block pid_n's counter, the last arrival sums them in a fixed
         order (deterministic), adds bias and residual to the fp32 sum, stores y rounded once, and re-arms the
-        counter for the next launch (graph replays included).
+        counter for the next launch (graph replays included). DEFER: only the partial is stored; the next
+        launch makes the sum (split_sum.py, `_x_tile`).
         SP >= splits (0: no bound known): the sum is unrolled SP times, so the partials' loads go out
         together instead of one L2 round trip after another (same order, the same bits: adding a masked
         +0.0 changes no sum that starts from +0.0)."""
         dt = y_ptr.dtype.element_ty
         out_mask = m_ok[:, None] & n_ok[None, :]
         last = splits == 1
-        if splits > 1:
+        if DEFER:
+            tl.store(part_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=out_mask)
+            last = False
+        elif splits > 1:
             tile = rm[:, None] * N + rn[None, :]
             tl.store(part_ptr + pid_k * M * N + tile, acc, mask=out_mask)
             tl.debug_barrier()  # every thread's partial is written before the counter moves
@@ -183,12 +209,13 @@ def _kernel():
 
     @triton.jit
     def linear_kernel(x_ptr, stride_x, w_ptr, stride_w, y_ptr, stride_y, res_ptr, stride_r,
-                      nw_ptr, bias_ptr, part_ptr, count_ptr,
+                      nw_ptr, bias_ptr, part_ptr, count_ptr, xp_ptr, xr_ptr, stride_xr, xo_ptr,
                       M, N, K, eps, chunk,
                       PROLOGUE: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
                       USE_DOT: tl.constexpr, IEEE: tl.constexpr, EMULATE_RNE: tl.constexpr, ONE_TILE: tl.constexpr,
                       SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      SP: tl.constexpr, SS_STEPS: tl.constexpr, PDL: tl.constexpr):
+                      SP: tl.constexpr, SS_STEPS: tl.constexpr, XS: tl.constexpr, DEFER: tl.constexpr,
+                      PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         splits = tl.num_programs(1)
@@ -209,8 +236,13 @@ def _kernel():
         k_ok = rk < k_end
         w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         _pdl_enter(PDL)
+        tl.static_assert(XS == 0 or PROLOGUE != 2, "a deferred sum feeds the plain and RMSNorm prologues")
+        keep_x = pid_n == 0  # column block 0 stores a deferred input's row (split_sum.py)
         if ONE_TILE:  # all of K in this tile (one program per column block)
-            a = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            a = _x_tile(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, rk, k_ok, M, K, XS, dt, EMULATE_RNE)
+            if XS > 0:
+                if keep_x:
+                    tl.store(xo_ptr + rm[:, None] * K + rk[None, :], a, mask=m_ok[:, None] & k_ok[None, :])
             if PROLOGUE == 1:
                 af = a.to(tl.float32)
                 rinv = tl.rsqrt(tl.sum(af * af, axis=1) / K + eps)
@@ -222,24 +254,28 @@ def _kernel():
                 ss = tl.zeros([BLOCK_M], tl.float32)
                 if SS_STEPS > 0:  # unrolled: the row's loads go out together, not one L2 round trip per step
                     for i in tl.static_range(SS_STEPS):
-                        ss += _sum_sq(x_ptr, stride_x, rm, m_ok, i * BLOCK_K, K, BLOCK_K)
+                        ss += _sum_sq(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, i * BLOCK_K, M, K, BLOCK_K,
+                                      XS, dt, EMULATE_RNE)
                 else:
                     for k0 in range(0, K, BLOCK_K):
-                        ss += _sum_sq(x_ptr, stride_x, rm, m_ok, k0, K, BLOCK_K)
+                        ss += _sum_sq(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, k0, M, K, BLOCK_K, XS, dt,
+                                      EMULATE_RNE)
                 rinv = tl.rsqrt(ss / K + eps)
-            a = _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE, dt, EMULATE_RNE)
+            a = _act(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, xo_ptr, keep_x, rm, m_ok, rk, k_ok, M, K, rinv,
+                     nw_ptr, PROLOGUE, XS, dt, EMULATE_RNE)
             acc = _mma(acc, a, w, USE_DOT, IEEE, SWAP_AB)
             for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
                 rk = k0 + tl.arange(0, BLOCK_K)
                 k_ok = rk < k_end
-                a = _act(x_ptr, stride_x, rm, m_ok, rk, k_ok, K, rinv, nw_ptr, PROLOGUE, dt, EMULATE_RNE)
+                a = _act(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, xo_ptr, keep_x, rm, m_ok, rk, k_ok, M, K, rinv,
+                         nw_ptr, PROLOGUE, XS, dt, EMULATE_RNE)
                 w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=n_ok[:, None] & k_ok[None, :],
                             other=0.0)
                 acc = _mma(acc, a, w, USE_DOT, IEEE, SWAP_AB)
         if SWAP_AB:
             acc = tl.trans(acc)
         _finish(acc, rm, rn, m_ok, n_ok, M, N, pid_n, pid_k, splits, part_ptr, count_ptr, y_ptr, stride_y,
-                res_ptr, stride_r, bias_ptr, RESIDUAL, HAS_BIAS, BLOCK_M, BLOCK_N, SP, EMULATE_RNE)
+                res_ptr, stride_r, bias_ptr, RESIDUAL, HAS_BIAS, BLOCK_M, BLOCK_N, SP, EMULATE_RNE, DEFER)
 
     return linear_kernel
 
@@ -316,18 +352,42 @@ def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132, prolo
             "n_blocks": n_blocks, "splits": splits, "chunk": chunk, "PROLOGUE": prologue, "target": target}
 
 
+def one_tile_row(n: int) -> bool:
+    """Whether a row n wide is one FMA tile of K for the linear that takes it, so a deferred sum's consumer makes
+    it once: a 2048-wide row is made twice (for the norm, then for the product), and the 1.7B's talker measured
+    0.03 ms a frame slower with its sums deferred (bench/results/split_sum_h200.md)."""
+    return n <= CONFIG["fma"]["BLOCK_K"]
+
+
+def defers_here(p: dict, n: int) -> bool:
+    """Whether a split launch planned as `p` with n output columns leaves its sum to the next linear
+    (split_sum.py): on the FMA path only (the tensor-core path's tiles of partials overflow shared memory: 249 KB
+    at 16 rows) and where the consumer takes the row in one tile."""
+    return not p["USE_DOT"] and one_tile_row(n)
+
+
 def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
-           config=None, target=None, pdl=False, counters=None):
+           config=None, target=None, pdl=False, counters=None, defer=False):
     """x [..., K] (or [..., 2K] for silu_mul) with rows contiguous; weight [N, K] row-major -> [..., N].
 
     Same contract as `reference`; rows beyond MAX_ROWS fall back to it (decode never has them).
+    x may also be a SplitSum (split_sum.py) left by a deferred launch, for the "none" and "rms_norm" prologues:
+    the kernel makes the row from its partials and stores it in x.out.
+    defer: where the launch splits K, leave its sum to the next linear: returns a SplitSum (needs a residual and
+    no bias); an unsplit launch returns its tensor as usual.
     pdl: launch with programmatic dependent launch (engine/kernels/pdl.py; the caller checked support).
     counters: the engine's arrival counters (counters.py; None: the shared set)."""
     code = PROLOGUES[prologue]
     n, k = weight.shape
+    deferred = isinstance(x, SplitSum)
+    if deferred:
+        require(code != 2 and x.residual.stride(-1) == 1 and x.out.is_contiguous(),
+                "a deferred sum feeds the plain or RMSNorm prologue, its residual and out rows contiguous")
+        x_in, x = x, x.out  # x.out: the shape, and the row the kernel stores
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     m = x2.shape[0]
+    require(not deferred or m <= MAX_ROWS, f"a deferred sum of more than {MAX_ROWS} rows")
     if m > MAX_ROWS:
         return reference(x, weight, prologue=prologue, norm_weight=norm_weight, eps=eps, bias=bias,
                          residual=residual)
@@ -346,16 +406,25 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     res = residual.reshape(m, n) if residual is not None else y
     split = p["splits"] > 1
     part = torch.empty(p["splits"], m, n, dtype=torch.float32, device=x.device) if split else y
+    defer = defer and split and defers_here(p, n)
+    if defer:
+        require(residual is not None and bias is None and res.stride(-1) == 1,
+                "a deferred sum needs a residual (rows contiguous) and no bias")
+    require(not deferred or not p["USE_DOT"], "a deferred sum feeds the FMA path only (rows <= FMA_ROWS)")
     counters = arrivals.of(counters, "linear", x.device)
     require(p["n_blocks"] <= counters.numel(), "split-k counters for every block")
     _kernel()[(p["n_blocks"], p["splits"])](
         x2, x2.stride(0), weight, weight.stride(0), y, y.stride(0), res, res.stride(0),
         norm_weight if norm_weight is not None else y, bias if bias is not None else y, part, counters,
+        *((x_in.part, x_in.residual, x_in.residual.reshape(m, k).stride(0), x2) if deferred else (y, y, 0, y)),
         m, n, k, float(eps), p["chunk"],
         PROLOGUE=code, RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=p["USE_DOT"],
         IEEE=x.dtype == torch.float32 or interpreting(), EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
         ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2, SWAP_AB=p["SWAP_AB"],
         BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"], SP=unrolled_splits(p["splits"]),
         SS_STEPS=norm_steps(k, p["BLOCK_K"], p["BLOCK_M"]) if code == 1 else 0,
+        XS=x_in.splits if deferred else 0, DEFER=defer,
         num_warps=p["num_warps"], num_stages=p["num_stages"], **launch_options(pdl))
+    if defer:
+        return SplitSum(part, res, y.view(*lead, n))
     return y.view(*lead, n)

@@ -126,6 +126,11 @@ LINEAR_SHAPES = [(4096, 1024, "rms_norm", False, False), (6144, 1024, "rms_norm"
 
 MLP_SHAPES = [(1024, 3072), (2048, 6144)]  # the 0.6B talker and both predictors; the 1.7B talker
 
+# Deferred split-K sums (split_sum.py) as a decoder layer hands them on: (producer N, K, prologue) -> (consumer
+# N, prologue): down_proj into the next layer's qkv, the talker's o_proj into gate/up; 0.6B, then 1.7B.
+SPLIT_SUM_SHAPES = [((1024, 3072, "silu_mul"), (4096, "rms_norm")), ((1024, 2048, "none"), (6144, "rms_norm")),
+                    ((2048, 6144, "silu_mul"), (4096, "rms_norm")), ((2048, 2048, "none"), (12288, "rms_norm"))]
+
 
 def check_linear(device, dtype, m, n, k, prologue="none", residual=False, bias=False, seed=0, config=None,
                  target=None):
@@ -142,6 +147,33 @@ def check_linear(device, dtype, m, n, k, prologue="none", residual=False, bias=F
     _close(kl.linear(x, w, **args, config=config, target=target), kl.exact(x, w, **args), LINEAR_TOL[dtype],
            f"linear {dtype} M={m} N={n} K={k} {prologue} residual={residual} bias={bias} splits={splits}")
     return splits
+
+
+def check_split_sum(device, dtype, m, producer, consumer, seed=0, config=None, target=None) -> bool:
+    """A residual linear `producer` (N, K, prologue) launched with defer, then the `consumer` (N', prologue) on
+    its SplitSum: the consumer's output and the row it stores equal the finished launch's and the consumer's on
+    it, bit for bit. Returns whether the producer split (an unsplit launch has no sum to leave)."""
+    from . import linear as kl
+    from . import split_sum
+
+    n, k, prologue = producer
+    n2, prologue2 = consumer
+    glu = prologue == "silu_mul"
+    x = _rand((m, 1, 2 * k if glu else k), dtype, device, seed, 2.0 if glu else 1.0)
+    w = _rand((n, k), dtype, device, seed + 1, k ** -0.5)
+    r = _rand((m, 1, n), dtype, device, seed + 2)
+    w2 = _rand((n2, n), dtype, device, seed + 3, n ** -0.5)
+    nw = _rand((n,), dtype, device, seed + 4, 0.2, 1.0) if prologue2 == "rms_norm" else None
+    y = kl.linear(x, w, prologue=prologue, residual=r, config=config, target=target)
+    left = kl.linear(x, w, prologue=prologue, residual=r, config=config, target=target, defer=True)
+    if not isinstance(left, split_sum.SplitSum):
+        return False
+    what = f"split_sum {dtype} M={m} {producer} -> {consumer}"
+    want = kl.linear(y, w2, prologue=prologue2, norm_weight=nw)
+    got = kl.linear(left, w2, prologue=prologue2, norm_weight=nw)
+    _verdict(torch.equal(got, want), what + ": the consumer's output differs")
+    _verdict(torch.equal(left.out, y), what + ": the stored row differs from the finished launch's")
+    return True
 
 
 def check_mlp(device, dtype, m, hidden, inter, seed=0, config=None, repeats=2):
@@ -307,10 +339,11 @@ def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=1
 
 
 def check_attention_o_proj(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=16, pos=9, n=1024, seed=0,
-                           per_row=False, pad=64, config=None):
+                           per_row=False, pad=64, config=None, defer=False):
     """q/k norm + RoPE + cache write + attention + o_proj with the residual in one launch, against the
     reference ops: the output, and both caches after the write. per_row: row i at position pos - i with its
-    own RoPE and bias rows. config: attention_o_proj.CONFIG overrides."""
+    own RoPE and bias rows. config: attention_o_proj.CONFIG overrides. defer: the launch again with its sum
+    left for the next linear (split_sum.py), whose sum must be the finished launch's output, bit for bit."""
     from . import attention_o_proj as k
 
     positions = [max(0, pos - i) for i in range(b)] if per_row else [pos]
@@ -326,6 +359,12 @@ def check_attention_o_proj(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window
                              config=config)
     what = f"attention_o_proj {dtype} B={b} W={window} pos={positions}"
     _close(got, want, ATTN_TOL[dtype], what + " out")
+    if defer:
+        from . import split_sum
+
+        left = k.attention_o_proj(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, bias, scale, nh, nkv, wo, res,
+                                  config=config, defer=True)
+        _verdict(torch.equal(split_sum.reference(left), got), what + " deferred sum differs from the finished one")
     _close(mine[0], caches[0], ROPE_TOL[dtype], what + " k_cache")
     _verdict(torch.equal(mine[1], caches[1]), what + " v_cache differs")
 
@@ -454,11 +493,13 @@ def run_all(device="cuda", verbose=True):
                 check_attention(device, dt, m, seq=max(64, w), window=w, filled=w - 3, block_n=64)
                 check_rope_attention(device, dt, m, seq=max(64, w), window=w, pos=w - 3 - m, per_row=m > 1)
             if m <= 2:
-                check_attention_o_proj(device, dt, m, per_row=m > 1)
+                check_attention_o_proj(device, dt, m, per_row=m > 1, defer=m == 1)
                 for hidden, inter in MLP_SHAPES:
                     check_mlp(device, dt, m, hidden, inter)
             for n, k, prologue, residual, bias in LINEAR_SHAPES:
                 check_linear(device, dt, m, n, k, prologue, residual, bias)
+            for producer, consumer in SPLIT_SUM_SHAPES:
+                check_split_sum(device, dt, m, producer, consumer)
         for c, length in SNAKE_SHAPES:
             check_snake(device, dt, 1, c, length)
         for c, length in SNAKE_CONV1X1_SHAPES:

@@ -61,6 +61,19 @@ def test_linear(dtype, m):
         st.check_linear(DEV, dtype, m, n, k, prologue, residual, bias, seed=m + n)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", ROWS)
+def test_split_sum(dtype, m):
+    """Deferred split-K sums at the decode shapes (split_sum.py): down_proj into the next qkv, o_proj into
+    gate/up, and the attention + o_proj launch's kv-head partials; each made sum equals the finished launch's."""
+    from engine.kernels import linear as kl
+
+    left = [st.check_split_sum(DEV, dtype, m, producer, consumer, seed=m) for producer, consumer in st.SPLIT_SUM_SHAPES]
+    assert left == [m <= kl.FMA_ROWS, m <= kl.FMA_ROWS, False, False], left  # 0.6B-wide rows, FMA rows only
+    if m == 1:
+        st.check_attention_o_proj(DEV, dtype, 1, seq=16, window=16, pos=9, seed=5, defer=True)
+
+
 def test_linear_split_k_in_cuda_graph():
     """Replays of a captured split-K launch keep reducing correctly (the counters re-arm)."""
     from engine.kernels import linear as kl
