@@ -16,11 +16,11 @@ path. Per layer and token:
 With Triton that is 6 launches (engine/kernels/linear.py fuses the norms, SwiGLU and residuals into the
 matmuls; at 1-2 rows a split-K launch leaves its sum to the next linear, engine/kernels/split_sum.py), 4 where
 the q/k norm, attention and o_proj fit one launch (engine/kernels/attention_o_proj.py: the code predictor at
-one take; the opt-in engine/kernels/mlp.py would make it 3, measured slower); in torch about 20. `prefill` runs a fresh prompt's T tokens the same way
-with ~10 launches a layer (cuBLAS matmuls, which win at T rows; one-launch norms and q/k norm + RoPE +
-cache write; the residuals added in the matmuls' epilogues) instead of ~53 op by op. Numerics follow
-engine/model/layers.py: RMSNorm normalises in fp32, casts back, then scales; RoPE tables come in the
-activation dtype; softmax runs in fp32.
+one take; the opt-in engine/kernels/mlp.py would make it 3, measured slower); in torch about 20. `prefill`
+runs a fresh prompt's T tokens the same way with ~10 launches a layer (cuBLAS matmuls, which win at T
+rows; one-launch norms and q/k norm + RoPE + cache write; the residuals added in the matmuls' epilogues)
+instead of ~53 op by op. Numerics follow engine/model/layers.py: RMSNorm normalises in fp32, casts back,
+then scales; RoPE tables come in the activation dtype; softmax runs in fp32.
 """
 from __future__ import annotations
 
