@@ -110,8 +110,8 @@ STAMP_SLOTS = 4  # int64 stamps a program and phase (join_timeline.py): x arrive
 
 @functools.cache
 def kernels():
-    """(chained, one_phase, chained_tags). chained and one_phase take `t_ptr` and, with STAMPS, write each
-    program's %globaltimer stamps there (bench/join_timeline.py); without, they compile as if it were absent."""
+    """(chained, one_phase, chained_tags, alternating). chained and one_phase take `t_ptr` and, with STAMPS, write
+    each program's %globaltimer stamps there (bench/join_timeline.py); without, they compile as if it were absent."""
     global _arrive, _wait, _enter, _flag_sync, _ld_acquire, _stamp, _stamp_word
     import triton
     import triton.language as tl
@@ -143,6 +143,14 @@ def kernels():
             "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; mov.u32 $0, 0; setp.ne.u32 p, t, 0; @p bra DONE${:uid}; "
             "SPIN${:uid}: ld.acquire.gpu.global.u32 $0, [$1]; setp.lt.s32 p, $0, $2; @p bra SPIN${:uid}; "
             "DONE${:uid}: }", "=r,l,r", [bar_ptr, target], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def _wait_for(bar_ptr, target, ONE):
+        """The count's wait: every thread polls (predictor_pass._wait), or with ONE (a constexpr) thread 0 alone
+        (_wait_one)."""
+        if ONE:
+            return _wait_one(bar_ptr, target)
+        return _wait(bar_ptr, target)
 
     @triton.jit
     def _flag_sync(bar_ptr, phase, grid, FLAG_AT: tl.constexpr):
@@ -191,10 +199,7 @@ def kernels():
                     if WAY == 4:  # after the release, so its fence cannot wait for these loads
                         if p + 1 < PHASES:
                             w = tl.load(w_ptr + (p + 1) * N * K + tile)
-                    if ONE:
-                        seen = _wait_one(bar_ptr, (p + 1) * grid)
-                    else:
-                        seen = _wait(bar_ptr, (p + 1) * grid)
+                    seen = _wait_for(bar_ptr, (p + 1) * grid, ONE)
                     if STAMPS:
                         t_s = _stamp(seen)
                     tl.debug_barrier()
@@ -293,10 +298,7 @@ def kernels():
         w = tl.load(w_ptr + g * N * K + tile, mask=g < PHASES, other=0.0)
         for p in range(g, PHASES, 2):
             if p > 0:
-                if ONE:
-                    _wait_one(bar_ptr, p * half)
-                else:
-                    _wait(bar_ptr, p * half)
+                _wait_for(bar_ptr, p * half, ONE)
                 tl.debug_barrier()
             x = tl.load(act_ptr + p * N + rk, cache_modifier=".cg").to(tl.float32)
             y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)

@@ -122,7 +122,7 @@ class Kernels:
         """x: a tensor, or a SplitSum left by a deferred launch (only ever given where the Triton linear runs).
         defer: see linear.linear (the caller asked `defers`)."""
         return self._run("linear", "linear", "reference", x, weight,
-                         triton_only={"counters": self.counters, **({"defer": True} if defer else {})}, **kw)
+                         triton_only={"counters": self.counters, "defer": defer}, **kw)
 
     def rms_norm(self, x, weight, eps):
         return self._run("rms_norm", "rms_norm", "reference", x, weight, eps)
@@ -165,8 +165,7 @@ class Kernels:
         if "attention_o_proj" in self.active and bias is not None and fused.fits(b, bias.shape[-1]):
             return fused.attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
                                           nh, nkv, weight, residual, pdl=self.pdl, counters=self.counters,
-                                          defer=defer and self.defers("attention_o_proj", b) and nkv > 1
-                                          and _module("linear").one_tile_row(weight.shape[0]))
+                                          defer=defer and self.defers("attention_o_proj", b))
         out = self.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh,
                                   nkv, share)
         return self.linear(out.reshape(b, 1, nh * k_cache.shape[-1]), weight, residual=residual,

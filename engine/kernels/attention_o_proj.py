@@ -139,7 +139,8 @@ def attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache
     """Same arguments and result as `reference` (qkv [B, (nh + 2 nkv) * D] or [B, 1, ...]; pos one position
     or one per row, cos / sin and bias to match; weight [N, nh * D]; residual [B, 1, N]) -> [B, 1, N].
     Needs fits(B, window); config overrides CONFIG; counters: the engine's arrival counters (counters.py).
-    defer: the kv heads' partials are left for the next linear to sum: returns a SplitSum (split_sum.py)."""
+    defer: the kv heads' partials are left for the next linear to sum: returns a SplitSum (split_sum.py), where
+    there are several (nkv > 1) and the next linear takes the row in one tile (linear.one_tile_row)."""
     cfg = {**CONFIG, **(config or {})}
     b = qkv.shape[0]
     window = bias.shape[-1]
@@ -155,6 +156,7 @@ def attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache
     require(res.stride(-1) == 1, "contiguous residual rows")
     block_n = cfg["BLOCK_N"]
     n_blocks = -(-n // block_n)
+    defer = defer and nkv > 1 and kl.one_tile_row(n)
     counters = arrivals.of(counters, "linear", qkv.device)
     require(n_blocks <= counters.numel(), "split-k counters for every block")
     y = torch.empty(b, n, dtype=qkv.dtype, device=qkv.device)

@@ -32,7 +32,7 @@ from .pdl import launch_options
 from .split_sum import SplitSum
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
-triton = tl = _round = _rms_apply = _x_tile = _sum_sq = _mma = _act = _finish = _pdl_enter = None
+triton = tl = _round = _rms_apply = _x_tile = _x_input = _sum_sq = _mma = _act = _finish = _pdl_enter = None
 
 PROLOGUES = {"none": 0, "rms_norm": 1, "silu_mul": 2}
 MAX_ROWS = 64
@@ -77,7 +77,7 @@ def exact(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, 
 
 @functools.cache
 def _kernel():
-    global triton, tl, _round, _rms_apply, _x_tile, _sum_sq, _mma, _act, _finish, _pdl_enter
+    global triton, tl, _round, _rms_apply, _x_tile, _x_input, _sum_sq, _mma, _act, _finish, _pdl_enter
     import triton
     import triton.language as tl
 
@@ -118,6 +118,17 @@ def _kernel():
         return _round(acc, dt, EMULATE_RNE)
 
     @triton.jit
+    def _x_input(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, xo_ptr, keep_x, rm, m_ok, rk, k_ok, M, K,
+                 XS: tl.constexpr, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        """`_x_tile`, and with a deferred input (XS > 0) the programs that keep_x also store the tile they made
+        into xo_ptr (rows of K, like the partials): the row later launches take as their residual."""
+        a = _x_tile(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, rk, k_ok, M, K, XS, dt, EMULATE_RNE)
+        if XS > 0:
+            if keep_x:
+                tl.store(xo_ptr + rm[:, None] * K + rk[None, :], a, mask=m_ok[:, None] & k_ok[None, :])
+        return a
+
+    @triton.jit
     def _sum_sq(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, k0, M, K, BLOCK_K: tl.constexpr,
                 XS: tl.constexpr, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
         """Each row's sum of squares over columns k0 .. k0 + BLOCK_K (those below K), in fp32: [rows]."""
@@ -147,8 +158,7 @@ def _kernel():
     @triton.jit
     def _act(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, xo_ptr, keep_x, rm, m_ok, rk, k_ok, M, K, rinv, nw_ptr,
              PROLOGUE: tl.constexpr, XS: tl.constexpr, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
-        """One [rows, BLOCK_K] tile of the prologue's output. With a deferred input (XS > 0) the programs that
-        keep_x also store the input tile they made into xo_ptr (rows of K, like the partials)."""
+        """One [rows, BLOCK_K] tile of the prologue's output (its input by `_x_input`)."""
         xmask = m_ok[:, None] & k_ok[None, :]
         if PROLOGUE == 2:
             xp = x_ptr + rm[:, None] * stride_x + rk[None, :]
@@ -157,10 +167,8 @@ def _kernel():
             s = _round(g / (1.0 + tl.exp(-g)), dt, EMULATE_RNE).to(tl.float32)
             a = _round(s * u, dt, EMULATE_RNE)
         else:
-            a = _x_tile(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, rk, k_ok, M, K, XS, dt, EMULATE_RNE)
-            if XS > 0:
-                if keep_x:
-                    tl.store(xo_ptr + rm[:, None] * K + rk[None, :], a, mask=xmask)
+            a = _x_input(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, xo_ptr, keep_x, rm, m_ok, rk, k_ok, M, K, XS, dt,
+                         EMULATE_RNE)
             if PROLOGUE == 1:
                 a = _rms_apply(a, rinv, nw_ptr, rk, k_ok, dt, EMULATE_RNE)
         return a
@@ -239,10 +247,8 @@ def _kernel():
         tl.static_assert(XS == 0 or PROLOGUE != 2, "a deferred sum feeds the plain and RMSNorm prologues")
         keep_x = pid_n == 0  # column block 0 stores a deferred input's row (split_sum.py)
         if ONE_TILE:  # all of K in this tile (one program per column block)
-            a = _x_tile(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, rm, m_ok, rk, k_ok, M, K, XS, dt, EMULATE_RNE)
-            if XS > 0:
-                if keep_x:
-                    tl.store(xo_ptr + rm[:, None] * K + rk[None, :], a, mask=m_ok[:, None] & k_ok[None, :])
+            a = _x_input(x_ptr, stride_x, xp_ptr, xr_ptr, stride_xr, xo_ptr, keep_x, rm, m_ok, rk, k_ok, M, K, XS, dt,
+                         EMULATE_RNE)
             if PROLOGUE == 1:
                 af = a.to(tl.float32)
                 rinv = tl.rsqrt(tl.sum(af * af, axis=1) / K + eps)
