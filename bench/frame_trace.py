@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from profile_frame import frame_ms
 
 OURS = ("linear_kernel", "attention_o_proj_kernel", "split_kernel", "qk_norm_rope_kv_kernel", "sample_kernel",
-        "rms_norm_kernel", "attention_kernel", "mlp_kernel", "predictor_pass_kernel")
+        "rms_norm_kernel", "attention_kernel", "mlp_kernel", "predictor_pass_kernel", "talker_input_kernel",
+        "frame_tail_kernel")
 
 
 def frame_kernels(runner, replays: int = 3) -> list:

@@ -19,7 +19,7 @@ import torch
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
            torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
 KERNEL_MODULES = ("linear", "qk_norm_rope_kv", "attention", "attention_o_proj", "mlp", "rms_norm", "sample", "snake",
-                  "snake_conv1x1", "predictor_pass")
+                  "snake_conv1x1", "predictor_pass", "frame_glue")
 BF16 = torch.bfloat16
 PREDICTOR = {"hidden": 1024, "inter": 3072, "layers": 5, "nh": 16, "nkv": 8, "d": 128}  # the 0.6B code predictor
 
@@ -61,7 +61,8 @@ def mlp_launches(rows: int) -> None:
 
 def small_launches(rows: int) -> None:
     """rms_norm, qk_norm_rope_kv, and sampling: the residual codebooks' bf16 logits (2048 ids, 16-bit keys),
-    float32 logits at the talker's 3072, the embedding rows handed back, and codebook 0 with its penalty."""
+    float32 logits at the talker's 3072, the embedding rows handed back (into the frame's slots too), and codebook
+    0 with its penalty; the frame graph's glue (frame_glue) at the 0.6B and 1.7B talker widths."""
     from engine import sampling
     from engine.kernels import sample
     from engine.kernels import selftest as st
@@ -78,6 +79,10 @@ def small_launches(rows: int) -> None:
     for second in (None, projected):
         sample.sample(logits, *settings, **draw, embed=table, embed2=second)
     st.check_sample_penalty("cpu", rows)
+    st.check_sample_into_slots("cpu", rows)
+    for hidden in (1024, 2048):
+        st.check_talker_input("cpu", BF16, rows, hidden, 128)
+        st.check_frame_tail("cpu", BF16, rows, hidden)
 
 
 def codec_launches(rows: int) -> None:

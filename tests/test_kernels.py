@@ -783,3 +783,41 @@ def test_attention_o_proj_dispatch_without_a_bias():
     got = fast.attention_o_proj(qkv, *args, *mine, pos, None, 0.2, 4, 2, weight, residual)
     want = kernels.Kernels().attention_o_proj(qkv, *args, *caches, pos, None, 0.2, 4, 2, weight, residual)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_sample_into_slots():
+    st.check_sample_into_slots(DEV, 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("b,hidden,d", [(1, 48, 16), (3, 40, 8)])
+def test_talker_input(dtype, b, hidden, d):
+    st.check_talker_input(DEV, dtype, b, hidden, d, seed=b)
+    st.check_talker_input(DEV, dtype, b, hidden, d, seed=b + 1, exact_sums=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("b,hidden", [(1, 48), (6, 40)])
+def test_frame_tail(dtype, b, hidden):
+    st.check_frame_tail(DEV, dtype, b, hidden, seed=b)
+
+
+@pytest.mark.parametrize("takes", [1, 3])
+def test_frames_with_frame_glue_equal_torch_glue(tiny_checkpoints, takes):
+    """The frame body with its glue as two launches (frame_glue: the talker's input and RoPE rows, its final
+    norm and the rows' bookkeeping) decodes the same codes and lengths as with the torch ops, sampling on, past
+    each take's frame budget (the sampler writes into the frame's slots either way)."""
+    from engine import Engine, Request
+    from engine.gpu import frame_graph
+    from tests.decoding import decode_codes
+
+    engine = Engine.load(tiny_checkpoints["custom_voice"], device="cpu", dtype="fp32", max_seq_len=200)
+    params = engine.defaults.replace(max_new_tokens=12, min_new_tokens=0)
+    req = Request(mode="custom", text="Glue in two launches.", language="English", speaker="ryan")
+    runs = []
+    for names in (("sample",), ("sample", "frame_glue")):
+        runner = frame_graph.GraphedFrames(engine.talker, 200, capture=False, kernels=kernels.Kernels(names))
+        runs.append(decode_codes(engine, runner, req, takes, params, seed=4))
+    (want, n_want), (got, n_got) = runs
+    assert n_got == n_want
+    assert torch.equal(got, want)

@@ -72,7 +72,8 @@ class FrameState:
         self.finished = torch.ones(batch, dtype=torch.bool, device=dev)  # empty rows count as finished
         self.valid = torch.zeros(batch, dtype=torch.bool, device=dev)  # the last frame is real speech
         groups = talker.cfg.num_code_groups  # codebooks per frame; predictor positions 0..groups-1
-        self.frame = torch.zeros(batch, groups, dtype=torch.long, device=dev)
+        self.frame = torch.zeros(batch, groups, dtype=torch.long, device=dev)  # the samplers write their columns
+        self.embeds = torch.zeros(batch, groups, hidden, device=dev, dtype=dt)  # and their codes' embedding rows
         self.trailing_rows = trailing_rows
         self.trailing = torch.zeros(batch * trailing_rows, hidden, device=dev, dtype=dt)  # row b from b * rows
         self.trailing_start = self.rows * trailing_rows
@@ -156,13 +157,13 @@ def projected_tables(talker) -> list | None:
         return [torch.addmm(b, t.float(), w).to(t.dtype) for t in tables]
 
 
-def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_in, choose) -> tuple[torch.Tensor, list]:
+def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_in, choose) -> None:
     """Codebooks 1..15 as 16 fused single-token steps: positions 0 and 1 take [h, E(c0)] (the eager
     predictor's two-token prefill), then each new code feeds the next position. The final norm runs
     inside each head's matmul; position 0 only fills the cache, so it skips norm and head.
-    `c0_in` is E(c0) as the predictor takes it (projected, on the 1.7B). `choose(logits, j)` returns the code,
-    its row of codebook j's embedding (a term of the talker's next input) and the next pass's input (that
-    row, projected on the 1.7B). Returns codes [B, 15] and those 15 embeddings."""
+    `c0_in` is E(c0) as the predictor takes it (projected, on the 1.7B). `choose(logits, j)` puts the code
+    into s.frame[:, j] and its row of codebook j's embedding (a term of the talker's next input) into
+    s.embeds[:, j], and returns the next pass's input (that row, projected on the 1.7B)."""
     pred = talker.code_predictor
     proj = pred.small_to_mtp_projection
     h = s.hidden[:, None]
@@ -170,16 +171,11 @@ def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_in, choose) -
         h = fused.ks.linear(h, proj.weight, bias=proj.bias)
     fused.predictor_pass(h, s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0],
                          pred.lm_head[0].weight, fill_only=True)
-    x = c0_in[:, None]
-    codes, embeds = [], []
+    x = c0_in
     for j in range(1, pred.num_groups + 1):
-        logits = fused.predictor_pass(x, s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j],
+        logits = fused.predictor_pass(x[:, None], s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j],
                                       pred.lm_head[j - 1].weight)  # in the model dtype
-        code, embed, x = choose(logits, j)
-        codes.append(code)
-        embeds.append(embed)
-        x = x[:, None]
-    return torch.stack(codes, dim=1), embeds
+        x = choose(logits, j)
 
 
 def frame_body(talker, fused: dict, s: FrameState, window: int | None) -> None:
@@ -198,41 +194,37 @@ def frame_body(talker, fused: dict, s: FrameState, window: int | None) -> None:
         def draws(j, width):
             return {"u": u[:, j, :width], "first": s.first[width]}
 
-    # The sampling launches also hand back the chosen ids' embedding rows (no separate lookups), and on the
-    # 1.7B the row of the projected copy (projected_tables), the predictor's input.
+    # The sampling launches write the code into its column of s.frame and its embedding row into s.embeds (no
+    # separate lookups, no stacking), and on the 1.7B also hand back the row of the projected copy
+    # (projected_tables), the predictor's input.
     projected = fused.get("projected") or []
 
     def sample_code(logits, j, *settings, embed, **kw):
-        """(code, its row of `embed`, the predictor's input: that row, or its projected row where there is one;
-        codebook 15 feeds no pass)."""
-        code, row, *fed = ks.sample(logits, *settings, **draws(j, logits.shape[-1]), embed=embed,
-                                    embed2=projected[j] if j < len(projected) else None, **kw)
-        return code, row, fed[0] if fed else row
+        """Codebook j's code and embedding row into their slots; returns the predictor's input: that row, or
+        its projected row where there is one (codebook 15 feeds no pass)."""
+        _, row, *fed = ks.sample(logits, *settings, **draws(j, logits.shape[-1]), embed=embed,
+                                 embed2=projected[j] if j < len(projected) else None, out_ids=s.frame[:, j],
+                                 out_rows=s.embeds[:, j], **kw)
+        return fed[0] if fed else row
 
     # Codebook 0 in one op: penalty, suppression, sampling and the bookkeeping (seen, finished).
-    c0, c0_embed, c0_in = sample_code(codec_logits, 0, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
-                                      embed=talker.model.codec_embedding.weight, penalty=p["penalty"], seen=s.seen,
-                                      banned=s.banned, eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"],
-                                      finished=s.finished, update=True)
-    torch.logical_not(s.finished, out=s.valid)
+    c0_in = sample_code(codec_logits, 0, p["do_sample"], p["temperature"], p["top_k"], p["top_p"],
+                        embed=talker.model.codec_embedding.weight, penalty=p["penalty"], seen=s.seen, banned=s.banned,
+                        eos_mask=s.eos_mask, t=s.t, min_new=p["min_new"], finished=s.finished, update=True)
 
     def choose_residual(lg, j):
         return sample_code(lg, j, p["sub_do_sample"], p["sub_temperature"], p["sub_top_k"], p["sub_top_p"],
                            embed=pred.model.codec_embedding[j - 1].weight)
 
-    rest, embeds = predict_residuals(talker, fused["predictor"], s, c0_in, choose_residual)
-    s.frame.copy_(torch.cat([c0[:, None], rest], 1))
-    x = pred.embedding_sum([c0_embed, *embeds])  # == residual_embedding_sum(rest, c0_embed)
-    x = x + s.trailing.index_select(0, s.trailing_start + torch.minimum(s.t, s.trailing_last))
+    predict_residuals(talker, fused["predictor"], s, c0_in, choose_residual)
+    # The sum of the 16 rows is residual_embedding_sum's; the angles of RoPE are looked up, not computed (the
+    # table is the same elementwise ops over every position, so the values are the same bits).
+    x, *rope = ks.talker_input(s.embeds, s.trailing, s.trailing_start, s.t, s.trailing_last, s.rope_table, s.pos)
     # Each row sees its own positions 0..pos: [B, 1, 1, window] broadcasts over heads and the query.
     bias = None if window is None else position_bias(s.pos, s.batch, window, x.dtype)
-    # The rows' RoPE angles are looked up, not computed: two gathers instead of ~9 small kernels a frame (the
-    # table is the same elementwise ops over every position, so the values are the same bits).
-    rope = (s.rope_table[0].index_select(0, s.pos), s.rope_table[1].index_select(0, s.pos))
-    s.hidden.copy_(fused["talker"].step(x[:, None], s.cache, s.pos, bias, rope, share=s.share)[:, 0])
-    s.t.add_(s.valid)
-    s.finished.logical_or_(s.t >= s.limit)  # the budget is spent: no further frame is real
-    s.pos.add_(~s.finished)  # a finished row rewrites its last position and never passes its room
+    out = fused["talker"].step(x[:, None], s.cache, s.pos, bias, tuple(rope), final_norm=False, share=s.share)
+    norm = fused["talker"].stack.norm
+    ks.frame_tail(out[:, 0], norm.weight, norm.eps, s.hidden, s.finished, s.valid, s.t, s.limit, s.pos)
 
 
 class GraphedFrames:

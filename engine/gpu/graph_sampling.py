@@ -13,8 +13,8 @@ def kth_index(top_k: int, vocab: int) -> int:
     return min(top_k, vocab) - 1 if top_k > 0 else vocab - 1
 
 
-def choose(logits, do_sample, temperature, k_index, top_p, u, first):
-    """logits [B, V] float32, u [B, V] uniforms in (0, 1) -> ids [B].
+def choose(logits, do_sample, temperature, k_index, top_p, u, first, out=None):
+    """logits [B, V] float32, u [B, V] uniforms in (0, 1) -> ids [B] (written into `out` when given).
 
     k_index: 0-d long from kth_index(); first: bool [B, V] with only column 0 set (a static buffer).
     """
@@ -27,4 +27,6 @@ def choose(logits, do_sample, temperature, k_index, top_p, u, first):
     keep = keep & ((mass_before < top_p) | first)
     race = (probs * keep) / (-torch.log(u.gather(-1, order)))
     sampled = order.gather(-1, torch.argmax(race, dim=-1, keepdim=True)).squeeze(-1)
-    return torch.where(do_sample, sampled, greedy)
+    if out is None:
+        return torch.where(do_sample, sampled, greedy)
+    return torch.where(do_sample, sampled, greedy, out=out)

@@ -28,8 +28,9 @@ from ..errors import Qwen3TTSError
 # decode step runs them as two (each by its own switch). attention_o_proj: those and the o_proj linear in one
 # launch where it fits (one row, a short window: the code predictor at one take).
 # snake_conv1x1: the codec residual unit's SnakeBeta, 1x1 conv and residual add in one launch.
+# frame_glue: the frame graph's steps between the predictor and the talker, and after the talker (frame_glue.py).
 NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "rope_attention", "attention_o_proj", "sample",
-         "snake", "snake_conv1x1")
+         "frame_glue", "snake", "snake_conv1x1")
 # Opt-in kernels (both measured slower than the launches they replace): known to Kernels, but "auto"/"on" pick
 # each only when its environment variable is "1".
 #   predictor_pass: the whole code-predictor pass as one persistent launch (predictor_pass.py);
@@ -185,6 +186,16 @@ class Kernels:
 
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         return self._run("sample", "sample", "reference", logits, do_sample, temperature, k_index, top_p, **kw)
+
+    def talker_input(self, rows, trailing, trailing_start, t, trailing_last, rope_table, pos):
+        """The talker's next input and its RoPE angles: (x [B, H], cos [B, D], sin [B, D]) (frame_glue.py)."""
+        return self._run("frame_glue", "talker_input", "talker_input_reference", rows, trailing, trailing_start, t,
+                         trailing_last, rope_table, pos)
+
+    def frame_tail(self, out, norm_weight, eps, hidden, finished, valid, t, limit, pos):
+        """The talker's final norm into `hidden`, and each row's frame bookkeeping, in place (frame_glue.py)."""
+        return self._run("frame_glue", "frame_tail", "frame_tail_reference", out, norm_weight, eps, hidden, finished,
+                         valid, t, limit, pos)
 
     def snake(self, x, freq, inv_mag, bias=None, **window):
         """window: keep / tail / pad, the result laid out as the next causal conv's input (snake.py)."""

@@ -39,7 +39,7 @@ triton = tl = libdevice = _exp = _log = _mix32 = _order_key = _copy_row = _pdl_e
 
 def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
               first=None, penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
-              finished=None, update=False, embed=None, embed2=None):
+              finished=None, update=False, embed=None, embed2=None, out_ids=None, out_rows=None):
     """The torch ops of frame_graph.frame_body / graph_sampling.choose (the off path and the oracle)."""
     from .. import sampling
     from ..gpu import graph_sampling
@@ -55,13 +55,16 @@ def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=No
     if first is None:
         first = torch.zeros(b, vocab, dtype=torch.bool, device=logits.device)
         first[:, 0] = True
-    ids = graph_sampling.choose(logits, do_sample, temperature, k_index, top_p, u, first)
+    ids = graph_sampling.choose(logits, do_sample, temperature, k_index, top_p, u, first, out=out_ids)
     if update:
         seen.scatter_(1, ids[:, None], True)
         finished |= eos_mask[ids]
     if embed is None:
         return ids
-    rows = torch.nn.functional.embedding(ids, embed)
+    if out_rows is None:
+        rows = torch.nn.functional.embedding(ids, embed)
+    else:
+        rows = torch.index_select(embed, 0, ids, out=out_rows)
     return (ids, rows) if embed2 is None else (ids, rows, torch.nn.functional.embedding(ids, embed2))
 
 
@@ -115,7 +118,7 @@ def _kernel():
                      mask=ce < E)
 
     @triton.jit
-    def sample_kernel(logits_ptr, stride_l, u_ptr, stride_u, ids_ptr,
+    def sample_kernel(logits_ptr, stride_l, u_ptr, stride_u, ids_ptr, stride_ids,
                       do_sample_ptr, temp_ptr, kidx_ptr, top_p_ptr,
                       keys_ptr, step_ptr, stride_step, slot,
                       penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, stride_t, min_new_ptr,
@@ -189,7 +192,7 @@ def _kernel():
             idx = tl.argmax(race, axis=0)
         else:
             idx = tl.argmax(lg, axis=0)  # greedy: first maximum
-        tl.store(ids_ptr + row, idx.to(tl.int64))
+        tl.store(ids_ptr + row * stride_ids, idx.to(tl.int64))
         if EMBED:  # the chosen id's embedding row, the next step's input (saves a lookup launch)
             _copy_row(emb_ptr, idx, stride_emb, emb_out_ptr, stride_emb_out, row, E, BLOCK_E)
         if EMBED2:  # and its row of a second table (the 1.7B's projected copy: saves a projection launch)
@@ -211,7 +214,8 @@ WARPS = 16
 
 def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
            penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
-           finished=None, update=False, embed=None, embed2=None, pdl=False, warps=None):
+           finished=None, update=False, embed=None, embed2=None, out_ids=None, out_rows=None, pdl=False,
+           warps=None):
     """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
 
     Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
@@ -222,10 +226,15 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool).
     embed: an embedding table [V', E] (rows contiguous): also return its rows at the ids, (ids, [B, E]).
     embed2 (with embed): a second such table [V', E2], whose rows come last, (ids, [B, E], [B, E2]).
+    out_ids [B] long / out_rows [B, E] (with embed): where the ids / the rows of `embed` go (views with any row
+    stride, e.g. a column of the frame's codes); returned as they are.
     warps: the program's warp count (default WARPS)."""
     b, vocab = logits.shape
     require(logits.stride(-1) == 1, "contiguous logits rows")
-    ids = torch.empty(b, dtype=torch.long, device=logits.device)
+    if out_ids is None:
+        out_ids = torch.empty(b, dtype=torch.long, device=logits.device)
+    require(out_ids.dtype == torch.long and out_ids.shape == (b,), "out_ids [B] long")
+    ids = out_ids
     dummy = logits
     has_u = u is not None
     if has_u:
@@ -243,18 +252,23 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
         return 1 if x is not None and x.numel() == b and b > 1 else 0
 
     require(embed2 is None or embed is not None, "embed2 comes with embed")
+    require(out_rows is None or embed is not None, "out_rows comes with embed")
     outs, embedding = [], []
-    for table in (embed, embed2):  # per table: itself, its row stride, the rows out, their stride, width
-        if table is None:
+    for table, out in ((embed, out_rows), (embed2, None)):  # per table: itself, its row stride, the rows out,
+        if table is None:                                    # their stride, width
             embedding += [dummy, 0, dummy, 0, 0]
             continue
         require(table.stride(-1) == 1, "contiguous embedding rows")
-        outs.append(torch.empty(b, table.shape[1], dtype=table.dtype, device=table.device))
+        if out is None:
+            out = torch.empty(b, table.shape[1], dtype=table.dtype, device=table.device)
+        require(out.shape == (b, table.shape[1]) and out.dtype == table.dtype and out.stride(-1) == 1,
+                "out_rows [B, E] in the table's dtype, rows contiguous")
+        outs.append(out)
         embedding += [table, table.stride(0), outs[-1], outs[-1].stride(0), table.shape[1]]
     block = next_pow2(vocab)
     key_bits = 16 if logits.dtype == torch.bfloat16 and not pen else 32  # see the module docstring
     _kernel()[(b,)](
-        logits, logits.stride(0), u if has_u else dummy, u.stride(0) if has_u else 0, ids,
+        logits, logits.stride(0), u if has_u else dummy, u.stride(0) if has_u else 0, ids, ids.stride(0),
         u8(do_sample), temperature, k_index, top_p,
         keys if keys is not None else ids, step if step is not None else ids, per_row(step), int(slot),
         penalty if pen else dummy, u8(seen) if pen else dummy, seen.stride(0) if pen else 0,

@@ -452,6 +452,85 @@ def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min
              "penalised sample: seen or finished differ")
 
 
+def check_sample_into_slots(device, b, vocab=2048, width=40, seed=0):
+    """out_ids / out_rows: the sampler writes the ids and the embedding rows into strided views (a column of the
+    frame's codes, a slot of its rows), as frame_graph.frame_body passes them, and leaves the rest untouched."""
+    from .. import sampling
+    from . import sample as k
+
+    logits, settings = sampling_case(device, b, vocab, seed)
+    draw = {"keys": sampling.take_keys(seed, range(b), device), "step": torch.tensor([3], device=device), "slot": 2}
+    table = _rand((vocab, width), torch.bfloat16, device, seed + 1)
+    want = k.reference(logits, *settings, **draw)
+    for fn in (k.sample, k.reference):
+        codes = torch.full((b, 16), -1, dtype=torch.long, device=device)
+        rows = torch.zeros(b, 16, width, dtype=torch.bfloat16, device=device)
+        ids, got = fn(logits, *settings, **draw, embed=table, out_ids=codes[:, 5], out_rows=rows[:, 5])
+        what = f"sample into slots ({fn.__name__})"
+        _verdict(torch.equal(codes[:, 5], want) and torch.equal(ids, want), what + ": ids")
+        _verdict(torch.equal(rows[:, 5], table[want]) and torch.equal(got, table[want]), what + ": rows")
+        _verdict(bool((codes[:, :5] == -1).all() and (codes[:, 6:] == -1).all()), what + ": other codes written")
+        _verdict(rows[:, :5].abs().sum().item() == 0 and rows[:, 6:].abs().sum().item() == 0,
+                 what + ": other rows written")
+
+
+# (rows, hidden, rope width) of the frame graph: the 0.6B and 1.7B talkers at 1 and 16 takes
+FRAME_GLUE_SHAPES = [(1, 1024, 128), (16, 1024, 128), (1, 2048, 128), (16, 2048, 128)]
+
+
+def check_talker_input(device, dtype, b, hidden, d, groups=16, seed=0, exact_sums=False):
+    """frame_glue.talker_input against its torch reference. exact_sums: embedding values on a 2^-6 grid, so every
+    fp32 sum is exact whatever its order, and the results must be the same bits; else within TOL (the order
+    of the fp32 additions may differ from torch's)."""
+    from . import frame_glue as k
+
+    g = _gen(seed)
+    if exact_sums:
+        rows = (torch.randint(-64, 65, (b, groups, hidden), generator=g) / 64.0).to(dtype).to(device)
+    else:
+        rows = _rand((b, groups, hidden), dtype, device, seed, 0.05)
+    room = 7
+    trailing = _rand((b * room, hidden), dtype, device, seed + 1)
+    start = (torch.arange(b) * room).to(device)
+    t = torch.randint(0, 2 * room, (b,), generator=g).to(device)
+    last = torch.randint(0, room, (b,), generator=g).to(device)
+    table = (_rand((300, d), dtype, device, seed + 2), _rand((300, d), dtype, device, seed + 3))
+    pos = torch.randint(0, 300, (b,), generator=g).to(device)
+    x, cos, sin = k.talker_input(rows, trailing, start, t, last, table, pos)
+    want_x, want_cos, want_sin = k.talker_input_reference(rows, trailing, start, t, last, table, pos)
+    what = f"talker_input {dtype} B={b} H={hidden}"
+    _verdict(torch.equal(cos, want_cos) and torch.equal(sin, want_sin), what + ": the RoPE rows differ")
+    if exact_sums:
+        _verdict(torch.equal(x, want_x), what + ": the input differs on exact sums")
+    else:
+        _close(x, want_x, TOL[dtype], what)
+
+
+def check_frame_tail(device, dtype, b, hidden, seed=0):
+    """frame_glue.frame_tail against its torch reference: the final norm (within TOL, as rms_norm) from a strided
+    view, and every row's bookkeeping exactly, with rows finished before, finishing on their budget and going on."""
+    from . import frame_glue as k
+
+    g = _gen(seed)
+    out = _rand((b, hidden + 8), dtype, device, seed, 2.0)[:, :hidden]  # a row stride wider than the row
+    w = _rand((hidden,), dtype, device, seed + 1, 0.2, 1.0)
+    finished = (torch.arange(b) % 3 == 0).to(device)
+    t = torch.randint(0, 9, (b,), generator=g).to(device)
+    limit = t + torch.randint(0, 3, (b,), generator=g).to(device)  # some rows reach their budget this frame
+    pos = torch.randint(10, 90, (b,), generator=g).to(device)
+    state = [torch.zeros(b, hidden, dtype=dtype, device=device), finished, torch.zeros_like(finished), t, limit, pos]
+    mine = [v.clone() for v in state]
+    k.frame_tail_reference(out, w, 1e-6, *state)
+    k.frame_tail(out, w, 1e-6, *mine)
+    what = f"frame_tail {dtype} B={b} H={hidden}"
+    _close(mine[0], state[0], TOL[dtype], what)
+    for name, got, want in zip(("finished", "valid", "t", "limit", "pos"), mine[1:], state[1:]):
+        _verdict(torch.equal(got, want), f"{what}: {name} {got.tolist()} vs {want.tolist()}")
+    if b >= 6:  # the case covers rows finished before, finishing now and going on
+        _verdict(bool(state[1].any() and (~state[1]).any() and (state[3] < state[4]).any()),
+                 what + ": the case needs finished and running rows")
+
+
 def check_sample_distribution(device, draws, vocab=2048, seed=0, top_k=6, top_p=0.9, temperature=0.8):
     """Chi-square of the kernel's draws (one row per draw, per-take uniforms) against the reference
     sampler's kept distribution; returns the p-value's statistic and asserts it below the 0.999 quantile."""

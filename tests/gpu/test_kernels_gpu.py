@@ -263,6 +263,19 @@ def test_sample_codebook0_penalty_and_bookkeeping(do_sample):
     st.check_sample_penalty(DEV, 16, do_sample=do_sample, t=1 if do_sample else 4)
 
 
+def test_sample_into_slots():
+    st.check_sample_into_slots(DEV, 16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("b,hidden,d", st.FRAME_GLUE_SHAPES)
+def test_frame_glue(dtype, b, hidden, d):
+    """The talker's input and RoPE rows, its final norm and the rows' bookkeeping, at the frame graph's shapes."""
+    st.check_talker_input(DEV, dtype, b, hidden, d, seed=b + hidden)
+    st.check_talker_input(DEV, dtype, b, hidden, d, seed=b + hidden + 1, exact_sums=True)
+    st.check_frame_tail(DEV, dtype, b, hidden, seed=b + hidden)
+
+
 @pytest.mark.parametrize("top_k,top_p,temperature", [(50, 1.0, 0.9), (50, 0.9, 0.9), (0, 0.8, 1.2), (8, 1.0, 2.0)])
 def test_sample_distribution_chi_square(top_k, top_p, temperature):
     st.check_sample_distribution(DEV, 400_000, top_k=top_k, top_p=top_p, temperature=temperature)
