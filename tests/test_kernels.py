@@ -791,7 +791,11 @@ def test_sample_into_slots():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("b,hidden,d", [(1, 48, 16), (3, 40, 8)])
-def test_talker_input(dtype, b, hidden, d):
+@pytest.mark.parametrize("block", [256, 16], ids=["one_program_a_row", "three_programs_a_row"])
+def test_talker_input(monkeypatch, dtype, b, hidden, d, block):
+    from engine.kernels import frame_glue
+
+    monkeypatch.setattr(frame_glue, "INPUT_BLOCK", block)  # 16: the last program's columns partly masked
     st.check_talker_input(DEV, dtype, b, hidden, d, seed=b)
     st.check_talker_input(DEV, dtype, b, hidden, d, seed=b + 1, exact_sums=True)
 

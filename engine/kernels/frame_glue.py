@@ -11,9 +11,10 @@ the programmatic-dependent-launch chain: the kernel after one cannot start early
 into the frame's slots (no stacking) and these two, a one-take 0.6B frame has 522 kernels instead of 539 and
 takes 2.551 ms instead of 2.578 (H200; bench/results/frame_glue_h200.md).
 
-One program a row. Numerics as the torch ops they replace: the embedding sum accumulates in fp32 and rounds
-once to the dtype (as torch's sum; only the order of the fp32 additions may differ), the trailing row is
-added in fp32 and rounded again; RMSNorm as rms_norm.py (normalise in fp32, round, times the weight, round).
+Programs: talker_input one a row and 256 columns, frame_tail one a row (its norm needs the whole row).
+Numerics as the torch ops they replace: the embedding sum accumulates in fp32 and rounds once to the dtype (as
+torch's sum; only the order of the fp32 additions may differ), the trailing row is added in fp32 and rounded
+again; RMSNorm as rms_norm.py (normalise in fp32, round, times the weight, round).
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from ._util import next_pow2, require, warps_for
 from .pdl import launch_options
 
 triton = tl = _pdl_enter = _round = None  # bound on first use by _kernel()
+
+# talker_input's columns a program: a row's 16 loads spread over H / INPUT_BLOCK SMs instead of one
+INPUT_BLOCK = 256
 
 
 def talker_input_reference(rows, trailing, trailing_start, t, trailing_last, rope_table, pos):
@@ -68,7 +72,7 @@ def _kernel():
         _pdl_enter(PDL)
         b = tl.program_id(0)
         dt = x_ptr.dtype.element_ty
-        h = tl.arange(0, BLOCK_H)
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         h_ok = h < H
         acc = tl.zeros([BLOCK_H], tl.float32)
         for g in tl.static_range(G):  # codebook order, as the rows were stacked
@@ -77,11 +81,12 @@ def _kernel():
         at = tl.load(tstart_ptr + b) + tl.minimum(tl.load(t_ptr + b), tl.load(tlast_ptr + b))
         x = x + tl.load(trail_ptr + at * s_tr + h, mask=h_ok, other=0.0).to(tl.float32)
         tl.store(x_ptr + b * H + h, _round(x, dt, EMULATE_RNE), mask=h_ok)
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < D
-        p = tl.load(pos_ptr + b)
-        tl.store(cos_out_ptr + b * D + d, tl.load(cos_ptr + p * s_rope + d, mask=d_ok), mask=d_ok)
-        tl.store(sin_out_ptr + b * D + d, tl.load(sin_ptr + p * s_rope + d, mask=d_ok), mask=d_ok)
+        if tl.program_id(1) == 0:  # the row's RoPE angles
+            d = tl.arange(0, BLOCK_D)
+            d_ok = d < D
+            p = tl.load(pos_ptr + b)
+            tl.store(cos_out_ptr + b * D + d, tl.load(cos_ptr + p * s_rope + d, mask=d_ok), mask=d_ok)
+            tl.store(sin_out_ptr + b * D + d, tl.load(sin_ptr + p * s_rope + d, mask=d_ok), mask=d_ok)
 
     @triton.jit
     def frame_tail_kernel(out_ptr, s_out, w_ptr, eps, hidden_ptr, s_hidden, fin_ptr, valid_ptr, t_ptr, limit_ptr,
@@ -127,11 +132,11 @@ def talker_input(rows, trailing, trailing_start, t, trailing_last, rope_table, p
     x = torch.empty(b, hid, dtype=rows.dtype, device=rows.device)
     cos_out = torch.empty(b, d, dtype=cos.dtype, device=cos.device)
     sin_out = torch.empty(b, d, dtype=sin.dtype, device=sin.device)
-    block = next_pow2(hid)
-    _kernel()[0][(b,)](rows, rows.stride(0), rows.stride(1), trailing, trailing.stride(0), trailing_start, t,
-                       trailing_last, cos, sin, cos.stride(0), pos, x, cos_out, sin_out, hid, d, G=g, BLOCK_H=block,
-                       BLOCK_D=next_pow2(d), EMULATE_RNE=_emulate_rne(rows.dtype), num_warps=warps_for(block),
-                       **launch_options(pdl))
+    block = min(INPUT_BLOCK, next_pow2(hid))
+    _kernel()[0][(b, -(-hid // block))](
+        rows, rows.stride(0), rows.stride(1), trailing, trailing.stride(0), trailing_start, t, trailing_last, cos, sin,
+        cos.stride(0), pos, x, cos_out, sin_out, hid, d, G=g, BLOCK_H=block, BLOCK_D=next_pow2(d),
+        EMULATE_RNE=_emulate_rne(rows.dtype), num_warps=warps_for(block), **launch_options(pdl))
     return x, cos_out, sin_out
 
 
