@@ -219,10 +219,10 @@ def frame_body(talker, fused: dict, s: FrameState, window: int | None) -> None:
     predict_residuals(talker, fused["predictor"], s, c0_in, choose_residual)
     # The sum of the 16 rows is residual_embedding_sum's; the angles of RoPE are looked up, not computed (the
     # table is the same elementwise ops over every position, so the values are the same bits).
-    x, *rope = ks.talker_input(s.embeds, s.trailing, s.trailing_start, s.t, s.trailing_last, s.rope_table, s.pos)
+    x, cos, sin = ks.talker_input(s.embeds, s.trailing, s.trailing_start, s.t, s.trailing_last, s.rope_table, s.pos)
     # Each row sees its own positions 0..pos: [B, 1, 1, window] broadcasts over heads and the query.
     bias = None if window is None else position_bias(s.pos, s.batch, window, x.dtype)
-    out = fused["talker"].step(x[:, None], s.cache, s.pos, bias, tuple(rope), final_norm=False, share=s.share)
+    out = fused["talker"].step(x[:, None], s.cache, s.pos, bias, (cos, sin), final_norm=False, share=s.share)
     norm = fused["talker"].stack.norm
     ks.frame_tail(out[:, 0], norm.weight, norm.eps, s.hidden, s.finished, s.valid, s.t, s.limit, s.pos)
 

@@ -24,6 +24,7 @@ import torch
 
 from ._util import next_pow2, require, warps_for
 from .pdl import launch_options
+from .rms_norm import reference as rms_norm_reference
 
 triton = tl = _pdl_enter = _round = None  # bound on first use by _kernel()
 
@@ -43,9 +44,7 @@ def frame_tail_reference(out, norm_weight, eps, hidden, finished, valid, t, limi
     """out [B, H]: the talker's last layer. hidden <- RMSNorm(out); then valid = not finished (this frame is
     real), t += valid, finished |= t >= limit (the budget is spent), pos += not finished (a finished row
     rewrites its last position and never passes its room). Everything is updated in place."""
-    from .rms_norm import reference as rms_norm
-
-    hidden.copy_(rms_norm(out, norm_weight, eps))
+    hidden.copy_(rms_norm_reference(out, norm_weight, eps))
     torch.logical_not(finished, out=valid)
     t.add_(valid)
     finished.logical_or_(t >= limit)
