@@ -51,6 +51,14 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def emulate_rne(dtype) -> bool:
+    """A kernel's EMULATE_RNE: the interpreter's fp32 -> bf16 cast truncates, so there bf16 rounding is done on
+    the bits (linear._round); compiled kernels cast with round-to-nearest-even."""
+    import torch
+
+    return dtype == torch.bfloat16 and interpreting()
+
+
 def available(device=None) -> tuple[bool, str]:
     """(True, what runs) when the Triton kernels can run on `device` (default: cuda), else (False, why).
 

@@ -29,7 +29,7 @@ import functools
 import torch
 
 from . import counters as arrivals
-from . import interpreting
+from . import emulate_rne, interpreting
 from . import qk_norm_rope_kv as kq
 from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
@@ -430,7 +430,7 @@ def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, con
         rope_args = (q, q, q, q, 0, 0, 0.0)
     bias = q if device_length else bias  # a placeholder pointer: the kernel reads no bias
     flags = {"ROPE": rope is not None, "NH": nh, "NKV": nkv,
-             "EMULATE_RNE": q.dtype == torch.bfloat16 and interpreting()}
+             "EMULATE_RNE": emulate_rne(q.dtype)}
     if p["splits"] == 1 and not device_length:
         single[(b, nkv)](q, k_cache, v_cache, bias, out, *args, float(scale), *rope_args, G=g,
                          GP=max(next_pow2(g), 1), D=d, BLOCK_N=p["BLOCK_N"], **flags, num_warps=p["num_warps"],

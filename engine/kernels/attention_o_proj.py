@@ -32,7 +32,7 @@ import torch
 
 from . import attention as ka
 from . import counters as arrivals
-from . import interpreting
+from . import emulate_rne
 from . import linear as kl
 from . import qk_norm_rope_kv as kq
 from ._util import next_pow2, require
@@ -169,7 +169,7 @@ def attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache
         weight, weight.stride(0), res, res.stride(0), y, y.stride(0), part, counters, b, n,
         NH=nh, NKV=nkv, G=g, GP=max(next_pow2(g), 1), D=d, BLOCK_M=next_pow2(b), BLOCK_N=block_n,
         BLOCK_W=max(next_pow2(window), 2), SP=kl.unrolled_splits(nkv),
-        EMULATE_RNE=qkv.dtype == torch.bfloat16 and interpreting(), DEFER=bool(defer), num_warps=cfg["num_warps"],
+        EMULATE_RNE=emulate_rne(qkv.dtype), DEFER=bool(defer), num_warps=cfg["num_warps"],
         **launch_options(pdl))
     if defer:
         return SplitSum(part, res, y.view(b, 1, n))

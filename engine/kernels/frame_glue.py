@@ -22,6 +22,7 @@ import functools
 
 import torch
 
+from . import emulate_rne
 from ._util import next_pow2, require, warps_for
 from .pdl import launch_options
 from .rms_norm import reference as rms_norm_reference
@@ -111,12 +112,6 @@ def _kernel():
     return talker_input_kernel, frame_tail_kernel
 
 
-def _emulate_rne(dtype) -> bool:
-    from . import interpreting
-
-    return dtype == torch.bfloat16 and interpreting()
-
-
 def talker_input(rows, trailing, trailing_start, t, trailing_last, rope_table, pos, pdl=False):
     """Same arguments and results as `talker_input_reference`, in one launch."""
     b, g, hid = rows.shape
@@ -135,7 +130,7 @@ def talker_input(rows, trailing, trailing_start, t, trailing_last, rope_table, p
     _kernel()[0][(b, -(-hid // block))](
         rows, rows.stride(0), rows.stride(1), trailing, trailing.stride(0), trailing_start, t, trailing_last, cos, sin,
         cos.stride(0), pos, x, cos_out, sin_out, hid, d, G=g, BLOCK_H=block, BLOCK_D=next_pow2(d),
-        EMULATE_RNE=_emulate_rne(rows.dtype), num_warps=warps_for(block), **launch_options(pdl))
+        EMULATE_RNE=emulate_rne(rows.dtype), num_warps=warps_for(block), **launch_options(pdl))
     return x, cos_out, sin_out
 
 
@@ -149,5 +144,5 @@ def frame_tail(out, norm_weight, eps, hidden, finished, valid, t, limit, pos, pd
     block = next_pow2(hid)
     flags = (finished.view(torch.uint8), valid.view(torch.uint8))
     _kernel()[1][(b,)](out, out.stride(0), norm_weight, float(eps), hidden, hidden.stride(0), *flags, t, limit, pos,
-                       hid, BLOCK_H=block, EMULATE_RNE=_emulate_rne(hidden.dtype), num_warps=warps_for(block),
+                       hid, BLOCK_H=block, EMULATE_RNE=emulate_rne(hidden.dtype), num_warps=warps_for(block),
                        **launch_options(pdl))

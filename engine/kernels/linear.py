@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import counters as arrivals
-from . import interpreting
+from . import emulate_rne, interpreting
 from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
 from .split_sum import SplitSum
@@ -425,7 +425,7 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
         *((x_in.part, x_in.residual, x_in.residual.reshape(m, k).stride(0), x2) if deferred else (y, y, 0, y)),
         m, n, k, float(eps), p["chunk"],
         PROLOGUE=code, RESIDUAL=residual is not None, HAS_BIAS=bias is not None, USE_DOT=p["USE_DOT"],
-        IEEE=x.dtype == torch.float32 or interpreting(), EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
+        IEEE=x.dtype == torch.float32 or interpreting(), EMULATE_RNE=emulate_rne(x.dtype),
         ONE_TILE=p["splits"] == 1 and k <= p["BLOCK_K"] and code != 2, SWAP_AB=p["SWAP_AB"],
         BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"], SP=unrolled_splits(p["splits"]),
         SS_STEPS=norm_steps(k, p["BLOCK_K"], p["BLOCK_M"]) if code == 1 else 0,

@@ -33,7 +33,7 @@ import functools
 import torch
 
 from . import counters as arrivals
-from . import interpreting
+from . import emulate_rne, interpreting
 from . import linear as kl
 from ._util import next_pow2, require, sm_count
 from .pdl import launch_options
@@ -180,6 +180,6 @@ def mlp(x, gate_up, norm_weight, eps, down, pdl=False, config=None, counters=Non
     _kernel()[(p["programs"],)](
         x2, x2.stride(0), norm_weight, gate_up, down, y, y.stride(0), part, counters, m, float(eps),
         H=hidden, I=inter, BI=p["BI"], BK=p["BK"], BLOCK_M=p["BLOCK_M"], C=p["C"], CW=p["CW"], PP=p["PP"],
-        PR=p["PR"], PRELOAD_DOWN=p["PRELOAD_DOWN"], EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
+        PR=p["PR"], PRELOAD_DOWN=p["PRELOAD_DOWN"], EMULATE_RNE=emulate_rne(x.dtype),
         num_warps=p["num_warps"], **launch_options(pdl))
     return y.view(*lead, hidden)

@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from . import interpreting
+from . import emulate_rne, interpreting
 from ._util import next_pow2, require, sm_count
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
@@ -398,7 +398,7 @@ class PredictorPass:
         meta = dict(H=self.hidden, NH=self.nh, NKV=self.nkv, D=self.d, INTER=self.inter, V=vocab,
                     S=cache.max_len, L=len(self.stack.layers), GP=max(2, next_pow2(self.nh // self.nkv)),
                     IEEE=self.dtype == torch.float32 or interpreting(),
-                    EMULATE_RNE=self.dtype == torch.bfloat16 and interpreting(), PREFETCH=self.prefetch,
+                    EMULATE_RNE=emulate_rne(self.dtype), PREFETCH=self.prefetch,
                     ES=self.base.element_size(), num_warps=self.num_warps, **t)
         grid = self.grid(args, meta, {"SUB_QKV": wide, "SUB_O": self.hidden, "SUB_GU": 2 * self.inter,
                                       "SUB_D": self.hidden, "SUB_HEAD": vocab})

@@ -231,10 +231,8 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     warps: the program's warp count (default WARPS)."""
     b, vocab = logits.shape
     require(logits.stride(-1) == 1, "contiguous logits rows")
-    if out_ids is None:
-        out_ids = torch.empty(b, dtype=torch.long, device=logits.device)
-    require(out_ids.dtype == torch.long and out_ids.shape == (b,), "out_ids [B] long")
-    ids = out_ids
+    ids = out_ids if out_ids is not None else torch.empty(b, dtype=torch.long, device=logits.device)
+    require(ids.dtype == torch.long and ids.shape == (b,), "out_ids [B] long")
     dummy = logits
     has_u = u is not None
     if has_u:

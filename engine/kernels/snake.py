@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from . import interpreting
+from . import emulate_rne, interpreting
 from ._util import require, rows_contiguous
 from .pdl import launch_options
 
@@ -188,6 +188,6 @@ def snake(x: torch.Tensor, freq: torch.Tensor, inv_mag: torch.Tensor, bias: torc
         _kernel()[grid](x, freq, inv_mag, freq if bias is None else bias, out if tail is None else tail, out,
                         b * length_out, length, c, x.stride(0), keep, length_out,
                         BLOCK_T=block_t, BLOCK_C=block_c, HAS_BIAS=bias is not None, HAS_TAIL=tail is not None,
-                        FAST_SIN=x.dtype in FAST_SIN_DTYPES, EMULATE_RNE=x.dtype == torch.bfloat16 and interpreting(),
+                        FAST_SIN=x.dtype in FAST_SIN_DTYPES, EMULATE_RNE=emulate_rne(x.dtype),
                         num_warps=cfg["num_warps"], **launch_options(pdl))
     return out

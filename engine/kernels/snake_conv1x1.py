@@ -24,7 +24,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from . import interpreting, snake
+from . import emulate_rne, interpreting, snake
 from ._util import next_pow2, require, rows_contiguous
 from .pdl import launch_options
 
@@ -155,7 +155,7 @@ def snake_conv1x1(h, freq, inv_mag, h_bias, weight, bias, x, x_bias=None, pdl=Fa
                     rows, length, C=c, N=n, HAS_HB=h_bias is not None, HAS_BIAS=bias is not None,
                     HAS_XB=x_bias is not None, FAST_SIN=h.dtype in snake.FAST_SIN_DTYPES,
                     IEEE=h.dtype == torch.float32 or interpreting(),
-                    EMULATE_RNE=h.dtype == torch.bfloat16 and interpreting(),
+                    EMULATE_RNE=emulate_rne(h.dtype),
                     BLOCK_M=cfg["BLOCK_M"], BLOCK_N=block_n, BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
                     num_stages=cfg["num_stages"], **launch_options(pdl))
     return out
