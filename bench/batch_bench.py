@@ -98,7 +98,7 @@ def sync(engine):
 def run_batched(engine, items, max_rows: int) -> dict:
     sync(engine)
     t0 = time.perf_counter()
-    results = engine.generate_batch(items, params=engine.defaults, max_rows=max_rows)
+    results = engine.generate(items, params=engine.defaults, max_rows=max_rows)
     sync(engine)
     wall = time.perf_counter() - t0
     for item, res in zip(items, results):
@@ -137,7 +137,7 @@ def main() -> int:
     ensure_random_checkpoint(ckpt, size, "custom_voice")
     engine = Engine.load(ckpt, device=device, dtype=args.dtype, max_takes=args.max_rows)
     print(engine.info.summary(), flush=True)
-    cases = {"text": text_items(args.words, engine.max_seq_len), "script": script_items(args.lines, engine.speakers)}
+    cases = {"text": text_items(args.words, engine.config.max_seq_len), "script": script_items(args.lines, engine.speakers)}
 
     if engine.info.cuda_graphs:  # every graph bucket and attention window either mode uses is captured here
         longest = max((i for items in cases.values() for i in items), key=lambda i: i.max_new_tokens)

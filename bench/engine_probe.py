@@ -105,6 +105,6 @@ def node_generate(eng, req, takes: int, seed: int, params):
     from engine import BatchItem
     from nodes.audio_utils import results_audio  # no ComfyUI imports
 
-    res = eng.generate_batch([BatchItem(req, takes=takes, seed=seed)], params=params)[0]
+    res = eng.generate([BatchItem(req, takes=takes, seed=seed)], params=params)[0]
     results_audio([res], eng.sample_rate, {"node": "bench", "seed": seed, "first_take": 0})
     return res

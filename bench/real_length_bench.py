@@ -116,7 +116,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
         from nodes.audio_utils import make_audio, play_order
 
         t0, first, frames, pieces = time.perf_counter(), None, 0, []
-        chunks = eng.stream_batch([BatchItem(req, takes=1, seed=seed)], params=params, chunk_frames=8,
+        chunks = eng.stream([BatchItem(req, takes=1, seed=seed)], params=params, chunk_frames=8,
                                   first_chunk_frames=2)
         for chunk, ready in play_order(chunks, 1, eng.sample_rate):
             if ready and first is None:

@@ -108,7 +108,7 @@ def main() -> None:
     def streamed(chunk):
         def run():
             n = 0
-            for c in eng.stream_batch([BatchItem(req, takes=1)], params=params, chunk_frames=chunk,
+            for c in eng.stream([BatchItem(req, takes=1)], params=params, chunk_frames=chunk,
                                       first_chunk_frames=2):
                 n += c.codes.shape[0]
             return n

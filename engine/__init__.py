@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Engine": "engine", "EngineInfo": "engine", "Result": "engine", "AudioChunk": "engine", "BatchItem": "engine",
-    "RowChunk": "engine",
+    "Engine": "engine", "EngineConfig": "engine_config", "EngineInfo": "loading", "Result": "engine",
+    "Chunk": "engine", "BatchItem": "engine",
     "Request": "prompt", "SamplingParams": "sampling", "check_take_range": "sampling", "Voice": "voice",
     "blend_voices": "voice_blend", "errors": None,
 }

@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, default=Path("out.wav"), help="one file per take: out.wav or out_take<i>.wav")
     s.add_argument("--codes-out", type=Path, help="write codes as an int array [takes, frames, 16] (.npy)")
     s.add_argument("--stream", action="store_true", help="stream chunks and report time to first audio")
-    s.add_argument("--chunk-size", type=int, default=8, help="frames per streamed chunk")
+    s.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk (12.5 frames a second)")
     return p
 
 
@@ -130,20 +130,17 @@ def synth(args) -> dict:
     t0 = time.perf_counter()
     ttfa = None
     if args.stream:
-        pieces = []
-        for chunk in engine.stream(req, takes=args.takes, seed=args.seed, params=params, chunk_frames=args.chunk_size,
-                                   take_offset=args.first_take):
+        audio_parts, code_parts = [[] for _ in range(args.takes)], [[] for _ in range(args.takes)]
+        for chunk in engine.stream(req, takes=args.takes, seed=args.seed, first_take=args.first_take, params=params,
+                                   chunk_frames=args.chunk_frames):
             if ttfa is None:
                 ttfa = chunk.elapsed_s
-            pieces.append(chunk)
-        lengths = [sum(c.valid[i] for c in pieces) for i in range(args.takes)]
-        full = torch.cat([c.audio for c in pieces], 1)
-        audio_rows = [full[i, :n] for i, n in enumerate(lengths)]
-        codes_all = torch.cat([c.codes for c in pieces], 1)
-        frames = [n // 1920 for n in lengths]
-        codes = [codes_all[i, :f] for i, f in enumerate(frames)]
+            audio_parts[chunk.take].append(chunk.audio)
+            code_parts[chunk.take].append(chunk.codes)
+        audio_rows = [torch.cat(parts) for parts in audio_parts]
+        codes = [torch.cat(parts) for parts in code_parts]
     else:
-        res = engine.generate(req, takes=args.takes, seed=args.seed, params=params, take_offset=args.first_take)
+        res = engine.generate(req, takes=args.takes, seed=args.seed, first_take=args.first_take, params=params)
         audio_rows = [res.audio[i, :n] for i, n in enumerate(res.lengths)]
         codes = res.codes
     wall = time.perf_counter() - t0

@@ -374,28 +374,3 @@ class FinishedFlags:
         if self.copied is not None:
             self.copied.synchronize()
         return self.flags.tolist()
-
-
-def decode_frames(runner, prompt: Prompt, *, takes: int, seed: int, params: SamplingParams, max_frames: int,
-                  eos_id: int, chunk_frames: int = 0, take_offset: int = 0,
-                  should_stop: Callable[[], bool] | None = None,
-                  on_frames: Callable[[int, int], None] | None = None,
-                  timings: dict | None = None, first_chunk_frames: int = 0,
-                  prelaunch: bool = False, ahead: int = 0) -> Iterator[FrameChunk]:
-    """`takes` takes of one prompt (take i draws from stream (seed, take_offset + i)): decode_rows with
-    one row per take, all admitted at once."""
-    keys = sampling.take_keys(seed, range(take_offset, take_offset + takes), "cpu").tolist()
-    rows = [Row(prompt, k, max_frames) for k in keys]
-    return decode_rows(runner, rows, slots=takes, params=params, eos_id=eos_id, chunk_frames=chunk_frames,
-                       should_stop=should_stop, on_frames=on_frames, timings=timings,
-                       first_chunk_frames=first_chunk_frames, prelaunch=prelaunch, ahead=ahead)
-
-
-def collect(chunks: Iterator[FrameChunk]) -> tuple[torch.Tensor, list[int]]:
-    """Concatenate chunks into codes [B, T, 16] and per-take frame counts (frames before EOS)."""
-    codes, valid = [], []
-    for c in chunks:
-        codes.append(c.codes)
-        valid.append(c.valid)
-    lengths = torch.cat(valid, 1).sum(1).tolist()
-    return torch.cat(codes, 1), [int(n) for n in lengths]

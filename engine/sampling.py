@@ -18,15 +18,14 @@ import torch
 
 from . import checks
 from .errors import InvalidInputError
+from .limits import TAKE_STREAMS
 
 _M32 = 0xFFFFFFFF
-TAKE_STREAMS = 1 << 32  # take indices a stream key can tell apart: 0 .. 2^32 - 1
 # Sanity limits: beyond them a value is a typo, not a setting (temperature 100 is already uniform noise).
 MAX_NEW_TOKENS = 1 << 20
 MAX_TOP_K = (1 << 31) - 1
 MAX_TEMPERATURE = 100.0
 MAX_REPETITION_PENALTY = 100.0
-SEED_MAX = (1 << 64) - 1
 
 
 @dataclass(frozen=True)

@@ -206,7 +206,7 @@ class StreamJoiner:
 
 
 def play_order(chunks, n_segments: int, sample_rate: int = SAMPLE_RATE):
-    """One take of `n_segments` segments streamed as rows of one batch (Engine.stream_batch's RowChunks, item =
+    """One take of `n_segments` segments streamed as rows of one batch (Engine.stream's Chunks, item =
     segment, in any arrival order) -> (chunk, pieces) per chunk: the audio ready to play after it, in play order
     and joined as StreamJoiner joins it. The segment playing sends its audio as it comes; a later segment's is
     held until every earlier one has ended."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..engine.errors import ModeError
+from ..engine.limits import MAX_TAKES, SEED_MAX, TAKE_STREAMS
 from . import sampling
 from .comfy_api_compat import advanced, io
 from .text_split import DEFAULT_MAX_UNITS
@@ -14,9 +15,7 @@ MODE_OF_TYPE = {"base": "clone", "custom_voice": "custom", "voice_design": "desi
 NODE_OF_TYPE = {"base": "VoiceClone (with ExtractSpeakerEmbedding or LoadVoice)", "custom_voice": "CustomVoice",
                 "voice_design": "VoiceDesign"}
 TYPE_NAME = {"base": "Base", "custom_voice": "CustomVoice", "voice_design": "VoiceDesign"}
-MAX_TAKES = 16
-SEED_MAX = 0xFFFFFFFFFFFFFFFF
-FIRST_TAKE_MAX = 0xFFFFFFFF  # the engine's take indices are 32-bit (engine.sampling.check_take_range)
+FIRST_TAKE_MAX = TAKE_STREAMS - 1
 MIN_SEGMENT_CHARS, MAX_SEGMENT_CHARS = 20, 5000
 
 

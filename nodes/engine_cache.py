@@ -22,27 +22,17 @@ import comfy.model_management as mm
 import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP
 
+from ..engine.engine_config import EngineConfig
+
 log = logging.getLogger(__name__)
 MAX_ENGINES = 2  # distinct configurations kept loaded at once; the least recently used is released
-
-
-@dataclass(frozen=True)
-class EngineKey:
-    model_dir: str
-    device: str
-    dtype: str
-    cuda_graphs: str
-    triton: str
-    max_takes: int
-    max_seq_len: int = 4096
-    codec_dir: str = ""  # empty: the checkpoint's own codec, else a sibling's (the engine decides and says which)
 
 
 @dataclass(frozen=True)
 class ModelRef:
     """What flows through the QWEN3TTS_MODEL socket."""
 
-    key: EngineKey
+    key: EngineConfig  # how the engine is loaded, and its key in this cache
     name: str
     model_type: str  # base | custom_voice | voice_design
 
@@ -58,7 +48,7 @@ class _Entry:
 
 
 _lock = threading.RLock()
-_entries: dict[EngineKey, _Entry] = {}
+_entries: dict[EngineConfig, _Entry] = {}
 _graveyard: list[_Entry] = []  # released entries whose patchers ComfyUI may still be iterating over
 
 
@@ -83,7 +73,7 @@ def _on_load(patcher, device_to, lowvram_model_memory, force_patch_weights, full
     patcher.model.model_loaded_weight_memory = patcher.model_size()
 
 
-def _on_detach(key: EngineKey):
+def _on_detach(key: EngineConfig):
     def callback(patcher, unpatch_all):  # signature fixed by ComfyUI (CallbacksMP.ON_DETACH)
         if not unpatch_all:  # ComfyUI re-patching a model it keeps loaded (load_models_gpu on a loaded model)
             return
@@ -98,14 +88,12 @@ def _on_detach(key: EngineKey):
     return callback
 
 
-def _load(key: EngineKey) -> _Entry:
+def _load(key: EngineConfig) -> _Entry:
     from ..engine import Engine  # heavy: only when a model is really needed
 
     log.info("Qwen3-TTS: loading %s (device=%s dtype=%s graphs=%s triton=%s max_takes=%d)", key.model_dir,
              key.device, key.dtype, key.cuda_graphs, key.triton, key.max_takes)
-    engine = Engine.load(key.model_dir, device=key.device, dtype=key.dtype, cuda_graphs=key.cuda_graphs,
-                         triton=key.triton, max_takes=key.max_takes, max_seq_len=key.max_seq_len,
-                         codec_dir=key.codec_dir or None, warm_takes=key.max_takes)  # no takes count captures later
+    engine = Engine.load(key)
     patcher = comfy.model_patcher.ModelPatcher(_Standin(), load_device=mm.get_torch_device(),
                                                offload_device=mm.unet_offload_device(),
                                                size=_weight_bytes(key.model_dir, engine.info.codec_dir)
@@ -115,7 +103,7 @@ def _load(key: EngineKey) -> _Entry:
     return _Entry(engine, patcher)
 
 
-def acquire(key: EngineKey):
+def acquire(key: EngineConfig):
     """The engine for `key`, loaded if needed and marked in use for ComfyUI's memory manager."""
     with _lock:
         _graveyard.clear()
@@ -132,7 +120,7 @@ def acquire(key: EngineKey):
     return entry.engine
 
 
-def release(key: EngineKey, reason: str = "", collect: bool = True) -> bool:
+def release(key: EngineConfig, reason: str = "", collect: bool = True) -> bool:
     """Release one engine's memory and forget it. Safe to call for keys that are not loaded."""
     with _lock:
         entry = _entries.pop(key, None)

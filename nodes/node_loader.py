@@ -108,9 +108,10 @@ class LoadQwen3TTS(io.ComfyNode):
                 raise FileNotFoundError(f"LoadQwen3TTS: codec checkpoint {codec!r} not found under "
                                         f"{comfy_paths.own_dir()}")
             codec_dir = os.path.realpath(found[codec])
-        key = engine_cache.EngineKey(model_dir=os.path.realpath(model_dir), device=engine_cache.comfy_device(),
-                                     dtype=dtype, cuda_graphs=cuda_graphs, triton=triton, max_takes=int(max_takes),
-                                     codec_dir=codec_dir)
+        # Every takes count up to max_takes is captured at load: no request waits for a capture.
+        key = engine_cache.EngineConfig(model_dir=os.path.realpath(model_dir), device=engine_cache.comfy_device(),
+                                        dtype=dtype, cuda_graphs=cuda_graphs, triton=triton, max_takes=int(max_takes),
+                                        codec_dir=codec_dir, warm_takes=int(max_takes))
         engine = engine_cache.acquire(key)
         info = _describe(engine, name)
         ref = engine_cache.ModelRef(key=key, name=name, model_type=engine.model_type)

@@ -1,8 +1,8 @@
 """Run a request through the engine from a node: segments, progress, interrupt, errors -> AUDIO.
 
-Engine-facing only through docs/ENGINE_API.md: Request, BatchItem, SamplingParams.replace, generate_batch,
-stream_batch. Long text is split into segments that decode as rows of one batch (generate_batch, or
-stream_batch when streaming), each row equal to that segment generated alone, and are joined in order.
+Engine-facing only through docs/ENGINE_API.md: Request, BatchItem, SamplingParams.replace, generate and
+stream. Long text is split into segments that decode as rows of one batch (generate, or stream
+when streaming), each row equal to that segment generated alone, and are joined in order.
 """
 from __future__ import annotations
 
@@ -115,15 +115,15 @@ class Job:
         """Every segment (times its takes) is a row of one batch; progress counts frames over all rows.
         Take i of every segment draws from stream (seed_for(k), first_take + i), as generated alone."""
         BatchItem = _batch_item()
-        items = [BatchItem(self.request(k), takes=self.takes, seed=self.seed_for(k), take_offset=self.first_take)
+        items = [BatchItem(self.request(k), takes=self.takes, seed=self.seed_for(k), first_take=self.first_take)
                  for k in range(len(self.segments))]
-        results = self.call(lambda: self.engine.generate_batch(
+        results = self.call(lambda: self.engine.generate(
             items, params=self.params, on_progress=self._report, should_stop=mm.processing_interrupted))
         return results_audio(results, self.engine.sample_rate, self.origin())
 
     def stream(self, chunk_frames: int, send: Callable[[dict], None]) -> dict:
         """Stream one take of every segment; `send` gets the audio in order as soon as it can be played.
-        The segments decode as rows of one stream_batch (take 0 of segment k draws from stream
+        The segments decode as rows of one stream (take 0 of segment k draws from stream
         (seed_for(k), first_take), as generated alone): segment 1's chunks are sent as they come, a later
         segment's are held until every earlier one has ended. Returns the full AUDIO (segments joined)."""
         BatchItem = _batch_item()
@@ -146,13 +146,13 @@ class Job:
         send({"phase": "start", "sample_rate": sr, "segments": n, "chunk_frames": chunk_frames})
         # The first chunk is 2 frames whatever the chunk size: the earliest first audio, the same samples.
         first_chunk = FIRST_CHUNK_FRAMES if isinstance(chunk_frames, int) and chunk_frames > FIRST_CHUNK_FRAMES else 0
-        items = [BatchItem(self.request(k), takes=1, seed=self.seed_for(k), take_offset=self.first_take)
+        items = [BatchItem(self.request(k), takes=1, seed=self.seed_for(k), first_take=self.first_take)
                  for k in range(n)]
 
         def run():
             # closing(): an interrupt raised here must end the generator (and free the engine) now, not
             # when the traceback that still references it is collected.
-            with contextlib.closing(self.engine.stream_batch(
+            with contextlib.closing(self.engine.stream(
                     items, params=self.params, chunk_frames=chunk_frames, first_chunk_frames=first_chunk,
                     on_progress=self._report, should_stop=mm.processing_interrupted)) as chunks:
                 for _, ready in play_order(chunks, n, sr):  # segment 1 as it comes, later ones held for their turn

@@ -1,4 +1,4 @@
-"""Generate every line of a script through Engine.generate_batch and lay them out on one track.
+"""Generate every line of a script through Engine.generate and lay them out on one track.
 
 Each line is split at sentence boundaries like the generator nodes' text; all pieces of all lines go to
 the engine as one list of batch items, so they can run as batch rows together. The pieces of a line are
@@ -63,7 +63,7 @@ def run_script(node: str, ref, events: list[Utterance | Pause], fields: list[dic
 
     mm.throw_exception_if_processing_interrupted()
     with engine_errors(node):
-        results = engine.generate_batch(items, params=params, on_progress=report,
+        results = engine.generate(items, params=params, on_progress=report,
                                         should_stop=mm.processing_interrupted)
     sr = engine.sample_rate
     clips = []

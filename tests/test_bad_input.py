@@ -133,10 +133,10 @@ def test_load_refuses_a_warm_takes_outside_max_takes(tiny_checkpoints, max_takes
 def test_first_take_beyond_the_stream_range(engines):
     e = engines["custom_voice"]
     with pytest.raises(InvalidInputError, match="take indices end at 4294967295"):
-        e.generate(custom(), takes=2, take_offset=2**32 - 1, params=params(e))
+        e.generate(custom(), takes=2, first_take=2**32 - 1, params=params(e))
     with pytest.raises(InvalidInputError, match="first_take must be 0 or more"):
-        next(e.stream(custom(), take_offset=-1, params=params(e)))
-    last = e.generate(custom(), takes=1, take_offset=2**32 - 1, params=params(e))  # the last stream is usable
+        next(e.stream(custom(), first_take=-1, params=params(e)))
+    last = e.generate(custom(), takes=1, first_take=2**32 - 1, params=params(e))  # the last stream is usable
     assert last.codes[0].shape == (3, 16)
 
 

@@ -35,7 +35,7 @@ def custom_items():
         BatchItem(_custom("A much longer line, so that its prompt and its trailing text differ a lot from the "
                           "others in the batch.", speaker="vivian", non_streaming_mode=False), seed=2),
         BatchItem(_custom("Takes ride along as rows of their own.", instruct="Speak slowly."), takes=2, seed=3,
-                  take_offset=1),
+                  first_take=1),
         BatchItem(_custom("Ein deutscher Satz mit anderer Sprache.", language="German", speaker="ryan"), seed=4,
                   max_new_tokens=9),
         BatchItem(_custom("Auto language, streaming layout.", language="auto", non_streaming_mode=False), seed=5),
@@ -45,7 +45,7 @@ def custom_items():
 def _assert_items_equal_alone(engine, items, params, results):
     ends = []
     for item, res in zip(items, results):
-        alone = engine.generate(item.request, takes=item.takes, seed=item.seed, take_offset=item.take_offset,
+        alone = engine.generate(item.request, takes=item.takes, seed=item.seed, first_take=item.first_take,
                                 params=params if item.max_new_tokens is None
                                 else params.replace(max_new_tokens=item.max_new_tokens))
         assert res.lengths == alone.lengths
@@ -63,7 +63,7 @@ def test_mixed_custom_rows_equal_each_alone(custom, greedy):
     params = custom.defaults.replace(max_new_tokens=30)
     params = params.greedy() if greedy else params
     items = custom_items()
-    results = custom.generate_batch(items, params=params, max_rows=3, chunk_frames=3)  # 6 rows in 3 slots
+    results = custom.generate(items, params=params, max_rows=3, chunk_frames=3)  # 6 rows in 3 slots
     ends = _assert_items_equal_alone(custom, items, params, results)
     assert len(set(ends)) >= 3 and min(ends) < 30, ends  # rows end at different frames, some by EOS
     batch = results[0].stats["batch"]
@@ -83,7 +83,7 @@ def test_mixed_clone_rows_equal_each_alone(base):
         BatchItem(Request(mode="clone", text="Un autre texte.", language="French", voice=xvec), takes=2, seed=4),
     ]
     for params in (base.defaults.greedy().replace(max_new_tokens=24), base.defaults.replace(max_new_tokens=24)):
-        results = base.generate_batch(items, params=params, max_rows=4, chunk_frames=5)
+        results = base.generate(items, params=params, max_rows=4, chunk_frames=5)
         _assert_items_equal_alone(base, items, params, results)
 
 
@@ -94,7 +94,7 @@ def test_design_rows_equal_each_alone(tiny_checkpoints):
                                               ("A second, longer line with more words in it.", "Bright and fast."),
                                               ("Third.", "Whispering.")])]
     params = e.defaults.greedy().replace(max_new_tokens=12)
-    _assert_items_equal_alone(e, items, params, e.generate_batch(items, params=params))
+    _assert_items_equal_alone(e, items, params, e.generate(items, params=params))
 
 
 def test_progress_counts_frames_over_all_rows(tiny_checkpoints):
@@ -102,7 +102,7 @@ def test_progress_counts_frames_over_all_rows(tiny_checkpoints):
     items = [BatchItem(_custom("One."), max_new_tokens=5), BatchItem(_custom("Two."), takes=2, max_new_tokens=9),
              BatchItem(_custom("Three."), max_new_tokens=3)]
     seen = []
-    results = e.generate_batch(items, max_rows=2, chunk_frames=2, on_progress=lambda d, t: seen.append((d, t)))
+    results = e.generate(items, max_rows=2, chunk_frames=2, on_progress=lambda d, t: seen.append((d, t)))
     assert [r.lengths for r in results] == [[5 * 1920], [9 * 1920] * 2, [3 * 1920]]
     assert seen[-1] == (26, 26)
     assert all(d <= t for d, t in seen) and [d for d, _ in seen] == sorted(d for d, _ in seen)
@@ -111,11 +111,11 @@ def test_progress_counts_frames_over_all_rows(tiny_checkpoints):
 def test_batch_input_errors(custom):
     from engine.errors import InvalidInputError
 
-    assert custom.generate_batch([]) == []
+    assert custom.generate([]) == []
     with pytest.raises(InvalidInputError):
-        custom.generate_batch([BatchItem(_custom("x"))], max_rows=0)
+        custom.generate([BatchItem(_custom("x"))], max_rows=0)
     with pytest.raises(InvalidInputError, match="speaker"):
-        custom.generate_batch([BatchItem(_custom("x")), BatchItem(_custom("y", speaker="nobody"))])
+        custom.generate([BatchItem(_custom("x")), BatchItem(_custom("y", speaker="nobody"))])
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -127,7 +127,7 @@ def test_static_frame_body_serves_mixed_rows(custom, monkeypatch, greedy):
     params = params.greedy() if greedy else params
     rows = []
     for k, item in enumerate(custom_items()):
-        prompt, _, frames = custom._prepare(item.request, item.takes, params, max_new_tokens=item.max_new_tokens)
+        prompt, _, frames = custom.prepare(item.request, item.takes, params, max_new_tokens=item.max_new_tokens)
         rows += [Row(prompt, 1000 + 7 * k + i, frames) for i in range(item.takes)]
 
     def run(runner):
@@ -140,7 +140,7 @@ def test_static_frame_body_serves_mixed_rows(custom, monkeypatch, greedy):
         return {r: torch.cat(v) for r, v in out.items()}
 
     eager = run(EagerFrames(custom.talker))
-    graph = run(GraphedFrames(custom.talker, custom.max_seq_len, capture=False))
+    graph = run(GraphedFrames(custom.talker, custom.config.max_seq_len, capture=False))
     assert sorted(eager) == list(range(len(rows)))
     for r in eager:
         assert torch.equal(eager[r], graph[r]), f"row {r}"

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from engine import Engine, Request
-from engine.decode import EagerFrames, Row, decode_frames, decode_rows
+from engine.decode import EagerFrames, Row, decode_rows
+from tests.decoding import decode_frames
 from engine.gpu.frame_graph import GraphedFrames
 
 
@@ -52,7 +53,7 @@ def _assert_same(a, b):
 
 def _takes(engine, takes, seed, frames, chunk, first=0):
     params = engine.defaults.replace(max_new_tokens=frames)
-    prompt, params, max_frames = engine._prepare(_req(), takes, params)
+    prompt, params, max_frames = engine.prepare(_req(), takes, params)
 
     def make(runner, **kw):
         return decode_frames(runner, prompt, takes=takes, seed=seed, params=params, max_frames=max_frames,
@@ -91,7 +92,7 @@ def test_rows_more_than_slots_same_chunks_with_frames_ahead(engine, ahead):
     rows = []
     for k, (text, speaker) in enumerate([("A short one.", "ryan"), ("Another line of text.", "vivian"),
                                          ("The third row waits for a slot.", "ryan"), ("And a fourth.", "vivian")]):
-        prompt, _, frames = engine._prepare(_req(text, speaker), 1, params)
+        prompt, _, frames = engine.prepare(_req(text, speaker), 1, params)
         rows.append(Row(prompt, 300 + k, frames - 3 * k))
 
     def make(runner, **kw):
@@ -103,5 +104,5 @@ def test_rows_more_than_slots_same_chunks_with_frames_ahead(engine, ahead):
     _assert_same(base, _chunks(runner, make, ahead=ahead))
     assert 0 <= runner.frames - plain.frames <= ahead
     # the CUDA-graph runner's frame body, run uncaptured: its finished flags are read the same way
-    _assert_same(base, _chunks(GraphedFrames(engine.talker, engine.max_seq_len, capture=False), make, ahead=ahead))
+    _assert_same(base, _chunks(GraphedFrames(engine.talker, engine.config.max_seq_len, capture=False), make, ahead=ahead))
     assert sorted(r for c in base[0] for r in c[5]) == [0, 1, 2, 3]

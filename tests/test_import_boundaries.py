@@ -23,7 +23,7 @@ out = {}
 e = Engine.load(ckpts["custom_voice"], device="cpu", dtype="fp32")
 p = e.defaults.replace(max_new_tokens=4)
 out["custom"] = e.generate(Request(mode="custom", text="Hidden imports.", speaker="ryan"), params=p).audio.shape[1]
-out["stream"] = sum(c.valid[0] for c in e.stream(Request(mode="custom", text="Hi.", speaker="ryan"), params=p, chunk_frames=2))
+out["stream"] = sum(c.audio.numel() for c in e.stream(Request(mode="custom", text="Hi.", speaker="ryan"), params=p, chunk_frames=2))
 d = Engine.load(ckpts["voice_design"], device="cpu", dtype="fp32")
 out["design"] = d.generate(Request(mode="design", text="Hi.", instruct="calm"), params=p).audio.shape[1]
 b = Engine.load(ckpts["base"], device="cpu", dtype="fp32")

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from engine import Engine, Request
-from engine.decode import EagerFrames, Row, collect, decode_rows
+from engine.decode import EagerFrames, Row, decode_rows
+from tests.decoding import collect
 from engine.gpu.frame_graph import GraphedFrames
 
 
@@ -19,7 +20,7 @@ def engine(tiny_checkpoints):
 
 def _prompt(engine, text):
     req = Request(mode="custom", text=text, language="English", speaker="ryan")
-    return engine._prepare(req, 1, engine.defaults.replace(max_new_tokens=6))[0]
+    return engine.prepare(req, 1, engine.defaults.replace(max_new_tokens=6))[0]
 
 
 def _decode(engine, runner, rows, slots):

@@ -275,7 +275,7 @@ def test_unusable_reference_audio_is_a_node_error(comfy, tmp_path_factory, wavef
     ckpt = tmp_path_factory.getbasetemp() / "bad_ref_base"
     ensure_random_checkpoint(ckpt, "tiny", "base")
     cache = _pack_module("engine_cache")
-    key = cache.EngineKey(model_dir=str(ckpt), device="cpu", dtype="fp32", cuda_graphs="off", triton="off",
+    key = cache.EngineConfig(model_dir=str(ckpt), device="cpu", dtype="fp32", cuda_graphs="off", triton="off",
                           max_takes=1)
     ref = cache.ModelRef(key=key, name="bad_ref_base", model_type="base")
     node = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "ExtractSpeakerEmbedding"]

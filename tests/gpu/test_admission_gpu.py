@@ -61,9 +61,9 @@ def admissions_must_not_sync(engine):
 @pytest.mark.parametrize("takes", [1, 4])
 def test_one_prompt_is_admitted_without_a_wait(engine, takes):
     params = engine.defaults.replace(max_new_tokens=24)
-    want = engine.generate_batch([BatchItem(REQ, takes=takes, seed=5)], params=params)[0]
+    want = engine.generate([BatchItem(REQ, takes=takes, seed=5)], params=params)[0]
     with admissions_must_not_sync(engine) as calls:
-        got = engine.generate_batch([BatchItem(REQ, takes=takes, seed=5)], params=params)[0]
+        got = engine.generate([BatchItem(REQ, takes=takes, seed=5)], params=params)[0]
         streamed = list(engine.stream(REQ, takes=takes, seed=5, params=params, chunk_frames=4))
     assert calls == {"open": 2, "admit": 2}
     assert got.lengths == want.lengths
@@ -75,9 +75,9 @@ def test_one_prompt_is_admitted_without_a_wait(engine, takes):
 def test_rows_admitted_mid_run_without_a_wait(engine):
     params = engine.defaults.replace(max_new_tokens=16)
     items = [BatchItem(REQ, takes=3, seed=1), BatchItem(OTHER, takes=2, seed=2), BatchItem(REQ, takes=2, seed=9)]
-    want = [engine.generate_batch([item], params=params)[0] for item in items]
+    want = [engine.generate([item], params=params)[0] for item in items]
     with admissions_must_not_sync(engine) as calls:
-        got = engine.generate_batch(items, params=params, max_rows=4, chunk_frames=4)
+        got = engine.generate(items, params=params, max_rows=4, chunk_frames=4)
     assert calls["open"] == 1 and calls["admit"] >= 2  # the later rows waited for slots
     for g, w in zip(got, want):
         assert g.lengths == w.lengths

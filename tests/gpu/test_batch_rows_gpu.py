@@ -56,7 +56,7 @@ def test_fp32_mixed_rows_equal_each_alone_under_graphs(eos_checkpoint, triton, g
     assert e.info.cuda_graphs
     params = e.defaults.replace(max_new_tokens=300)
     params = params.greedy() if greedy else params
-    results = e.generate_batch(ITEMS, params=params, max_rows=4, chunk_frames=4)  # 7 rows in 4 slots
+    results = e.generate(ITEMS, params=params, max_rows=4, chunk_frames=4)  # 7 rows in 4 slots
     ends = _equal_alone(e, ITEMS, results, params)
     print(f"triton {triton} greedy {greedy}: row ends {ends}, batch {results[0].stats['batch']}")
     assert len(set(ends)) >= 3, ends
@@ -70,7 +70,7 @@ def test_fp32_rows_in_other_attention_windows_than_alone(eos_checkpoint, monkeyp
     monkeypatch.setattr(frame_graph, "WINDOW_STEP", 32)
     e = _engine(eos_checkpoint, "off")
     params = e.defaults.replace(max_new_tokens=120)
-    results = e.generate_batch(ITEMS, params=params, max_rows=4, chunk_frames=4)
+    results = e.generate(ITEMS, params=params, max_rows=4, chunk_frames=4)
     for item, res in zip(ITEMS, results):
         p = params if item.max_new_tokens is None else params.replace(max_new_tokens=item.max_new_tokens)
         alone = e.generate(item.request, takes=item.takes, seed=item.seed, params=p)
@@ -82,9 +82,9 @@ def test_fp32_rows_in_other_attention_windows_than_alone(eos_checkpoint, monkeyp
 def test_graphs_are_reused_across_admissions(tiny_checkpoints):
     e = _engine(tiny_checkpoints["custom_voice"], "off")
     items = [BatchItem(_req(f"Line number {k}."), seed=k, max_new_tokens=20 + 7 * k) for k in range(10)]
-    e.generate_batch(items, max_rows=4)
+    e.generate(items, max_rows=4)
     graphs = len(e.runner.graphs)
-    res = e.generate_batch(items, max_rows=4)
+    res = e.generate(items, max_rows=4)
     assert len(e.runner.graphs) == graphs  # same buckets and windows: nothing new is captured
     assert [r.lengths[0] // 1920 for r in res] == [20 + 7 * k for k in range(10)]
     assert res[0].stats["batch"]["occupancy"] > 0.6
@@ -97,12 +97,12 @@ def test_fp32_rows_that_all_fit_decode_the_codec_during_the_frames(eos_checkpoin
     e = _engine(eos_checkpoint, "off")
     params = e.defaults.replace(max_new_tokens=300)
     params = params.greedy() if greedy else params
-    results = e.generate_batch(ITEMS, params=params)
+    results = e.generate(ITEMS, params=params)
     assert {r.stats["codec"] for r in results} == {"during decoding"}
     assert results[0].stats["batch"]["slots"] == 7
     _equal_alone(e, ITEMS, results, params)
     assert len({n for r in results for n in r.lengths}) >= 3  # rows ended at different frames
-    one = e.generate_batch([ITEMS[2]], params=params)  # the nodes' case: one line, its takes
+    one = e.generate([ITEMS[2]], params=params)  # the nodes' case: one line, its takes
     assert one[0].stats["codec"] == "during decoding"
     _equal_alone(e, [ITEMS[2]], one, params)
 
@@ -123,11 +123,11 @@ def test_fp32_icl_rows_share_the_reference_during_the_frames(tiny_checkpoints):
     clone = [BatchItem(Request(mode="clone", text=t, language="English", voice=mine), takes=k, seed=s,
                        max_new_tokens=n) for t, k, s, n in (("First segment.", 2, 1, 30), ("Second one.", 1, 2, 17))]
     params = e.defaults.replace(max_new_tokens=40)
-    results = e.generate_batch(clone, params=params)
+    results = e.generate(clone, params=params)
     assert {r.stats["codec"] for r in results} == {"during decoding"}
     _equal_alone(e, clone, results, params)
     mixed = clone + [BatchItem(Request(mode="clone", text="Another voice.", language="English", voice=other),
                                seed=3, max_new_tokens=25)]
-    results = e.generate_batch(mixed, params=params)
+    results = e.generate(mixed, params=params)
     assert {r.stats["codec"] for r in results} == {"after decoding"}
     _equal_alone(e, mixed, results, params)

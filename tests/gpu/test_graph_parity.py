@@ -22,8 +22,8 @@ def _req():
                    language="English", speaker="ryan")
 
 
-def _codes(engine, runner, takes, params, seed=0, take_offset=0):
-    codes, lengths = decode_codes(engine, runner, _req(), takes, params, seed=seed, take_offset=take_offset)
+def _codes(engine, runner, takes, params, seed=0, first_take=0):
+    codes, lengths = decode_codes(engine, runner, _req(), takes, params, seed=seed, first_take=first_take)
     return codes.cpu(), lengths
 
 
@@ -89,7 +89,7 @@ def test_takes_in_a_batch_equal_takes_alone_under_graphs(fp32):
     params = fp32.defaults.replace(max_new_tokens=60)
     batch, _ = _codes(fp32, fp32.runner, 4, params, seed=3)
     for i in range(4):
-        alone, _ = _codes(fp32, fp32.runner, 1, params, seed=3, take_offset=i)
+        alone, _ = _codes(fp32, fp32.runner, 1, params, seed=3, first_take=i)
         assert torch.equal(alone[0], batch[i]), f"take {i}"
 
 

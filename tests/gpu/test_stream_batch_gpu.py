@@ -63,7 +63,7 @@ def test_fp32_stream_batch_takes_equal_each_alone_under_graphs(eos_checkpoint, g
     params = params.greedy() if greedy else params
     cg = e.codec_graphs
     late, eager, replays = cg.late_captures, cg.eager_pieces, cg.replays
-    chunks = list(e.stream_batch(ITEMS, params=params, chunk_frames=4, first_chunk_frames=2, max_rows=4))
+    chunks = list(e.stream(ITEMS, params=params, chunk_frames=4, first_chunk_frames=2, max_rows=4))
     assert (chunks[0].item, chunks[0].take) == (0, 0) and chunks[0].codes.shape[0] <= 2
     assert cg.late_captures == late and cg.eager_pieces == eager and cg.replays > replays  # all rows graphed
     assert cg.private_streams == 0
@@ -82,19 +82,19 @@ def test_fp32_stream_batch_icl_rows_under_graphs(tiny_checkpoints):
                                voice=icl if k % 2 == 0 else xvec), seed=k, max_new_tokens=10 + 6 * k)
              for k in range(5)]
     params = e.defaults.greedy().replace(max_new_tokens=60)
-    chunks = list(e.stream_batch(items, params=params, chunk_frames=5, max_rows=3))
+    chunks = list(e.stream(items, params=params, chunk_frames=5, max_rows=3))
     _check_alone(e, items, params, _joined(chunks))
 
 
 def test_early_close_under_graphs_frees_the_engine_and_the_codec_state(eos_checkpoint):
     e = _engine(eos_checkpoint)
     params = e.defaults.greedy().replace(max_new_tokens=60)
-    gen = e.stream_batch(ITEMS, params=params, chunk_frames=2, max_rows=4)
+    gen = e.stream(ITEMS, params=params, chunk_frames=2, max_rows=4)
     next(gen), next(gen)
     gen.close()
     assert not e._lock.busy
     private = e.codec_graphs.private_streams
     alone = e.generate(ITEMS[0].request, seed=1, params=params)
-    streamed = torch.cat([c.audio[0, : c.valid[0]] for c in e.stream(ITEMS[0].request, seed=1, params=params)])
+    streamed = torch.cat([c.audio for c in e.stream(ITEMS[0].request, seed=1, params=params)])
     assert e.codec_graphs.private_streams == private  # the one-row graph state was handed back
     assert float((streamed - alone.audio[0]).abs().max()) <= 1e-4

@@ -48,8 +48,8 @@ def test_takes_up_to_warm_takes_capture_nothing_and_equal_their_own_bucket(engin
     params = warm.defaults.replace(max_new_tokens=40)
     before = _captured(warm)
     got = warm.generate(REQ, takes=takes, seed=3, params=params)
-    batch = warm.generate_batch([BatchItem(REQ, takes=takes, seed=3)], params=params)[0]
-    chunks = list(warm.stream_batch([BatchItem(REQ, takes=takes, seed=3)], params=params, chunk_frames=4))
+    batch = warm.generate([BatchItem(REQ, takes=takes, seed=3)], params=params)[0]
+    chunks = list(warm.stream([BatchItem(REQ, takes=takes, seed=3)], params=params, chunk_frames=4))
     assert _captured(warm) == before  # no frame window, no codec piece, nothing late
     assert warm.runner.s.batch == 4  # the last run rode in the load's 4-row graphs
 

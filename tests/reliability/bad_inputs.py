@@ -121,7 +121,7 @@ _numbers("repetition_penalty", "sampling", "repetition_penalty",
 _numbers("chunk_frames (streaming)", "call", "chunk_frames", {"zero": 0, "negative": -2, "NaN": NAN, "inf": INF,
                                                               "too large": 2**40}, r"chunk_frames must be")
 for variant, value in {"negative": -2, "NaN": NAN, "inf": INF, "too large": 2**32, "fraction": 1.5}.items():
-    case("first_take", variant, "call", take_offset=value, hint=r"first_take must be|Use a first_take of at most")
+    case("first_take", variant, "call", first_take=value, hint=r"first_take must be|Use a first_take of at most")
 case("sampling switch: not a bool", "'yes'", "sampling", do_sample="yes", hint=r"do_sample must be True or False",
      surfaces=("engine",))
 

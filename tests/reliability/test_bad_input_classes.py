@@ -90,7 +90,7 @@ def run_engine(case, ctx):
     if "chunk_frames" in p:
         return list(engine.stream(req, params=params, chunk_frames=p["chunk_frames"]))
     return engine.generate(req, params=params, takes=p.get("takes", 1), seed=p.get("seed", 0),
-                           take_offset=p.get("take_offset", 0))
+                           first_take=p.get("first_take", 0))
 
 
 @pytest.mark.parametrize("case", _cases("engine"))
@@ -109,7 +109,7 @@ def test_engine_api(ctx, case):
 # CLI
 
 CLI_FLAGS = {"text": "--text", "language": "--language", "speaker": "--speaker", "instruct": "--instruct",
-             "takes": "--takes", "seed": "--seed", "take_offset": "--first-take", "chunk_frames": "--chunk-size", "max_new_tokens": "--max-new-tokens",
+             "takes": "--takes", "seed": "--seed", "first_take": "--first-take", "chunk_frames": "--chunk-frames", "max_new_tokens": "--max-new-tokens",
              "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
              "repetition_penalty": "--repetition-penalty"}
 
@@ -196,7 +196,7 @@ def nodes(ctx, tmp_path_factory):
     stream = m("nodes/node_stream.py").StreamChunks.PREPARE_CLASS_CLONE({})
     refs = {}
     for kind, path in ctx["ckpts"].items():
-        key = cache.EngineKey(model_dir=os.path.realpath(path), device="cpu", dtype="fp32", cuda_graphs="auto",
+        key = cache.EngineConfig(model_dir=os.path.realpath(path), device="cpu", dtype="fp32", cuda_graphs="auto",
                               triton="auto", max_takes=4)
         refs[kind] = cache.ModelRef(key=key, name=f"tiny-{kind}", model_type=kind)
     pack_voice = m("engine/voice.py").Voice.load(ctx["good_voice"])
@@ -238,7 +238,7 @@ def run_node(case, ctx, n):
                 **widgets)
     if "chunk_frames" in p:
         return n["StreamChunks"].execute(chunk_size=p["chunk_frames"], speaker="Ryan", **call)
-    call.update(takes=p.get("takes", 1), first_take=p.get("take_offset", 0))
+    call.update(takes=p.get("takes", 1), first_take=p.get("first_take", 0))
     if mode == "custom":
         return n["CustomVoice"].execute(speaker=fields.get("speaker", "Ryan"), instruct="", **call)
     if mode == "design":

@@ -42,7 +42,7 @@ def _jobs(engine):
         def call():
             chunks = list(engine.stream(_req(text), takes=1, seed=seed, params=p, chunk_frames=chunk))
             codes = torch.cat([c.codes[0] for c in chunks])
-            audio = torch.cat([c.audio[0, : c.valid[0]] for c in chunks])
+            audio = torch.cat([c.audio for c in chunks])
             return [codes], [audio]
         return call
 
@@ -50,7 +50,7 @@ def _jobs(engine):
         def call():
             items = [BatchItem(_req("First item."), takes=1, seed=seed),
                      BatchItem(_req("Second item, another speaker.", "vivian"), takes=2, seed=seed + 1)]
-            res = engine.generate_batch(items, params=p)
+            res = engine.generate(items, params=p)
             return ([c for r in res for c in r.codes],
                     [r.audio[i, :n] for r in res for i, n in enumerate(r.lengths)])
         return call
@@ -100,13 +100,13 @@ def test_threads_sharing_an_engine_match_the_sequential_run(engine, threads, fig
 def test_a_call_from_inside_an_open_stream_is_refused_and_the_stream_goes_on(engine):
     p = _params(engine)
     whole = engine.generate(_req(), seed=7, params=p)
-    expected = torch.cat([c.audio[0, : c.valid[0]] for c in engine.stream(_req(), seed=7, params=p, chunk_frames=2)])
+    expected = torch.cat([c.audio for c in engine.stream(_req(), seed=7, params=p, chunk_frames=2)])
     gen = engine.stream(_req(), seed=7, params=p, chunk_frames=2)
     first = next(gen)
     with pytest.raises(EngineBusyError, match="stream"):  # same thread: at once, no deadlock
         engine.generate(_req("Another request."), seed=1, params=p)
     rest = list(gen)
-    assert torch.equal(torch.cat([c.audio[0, : c.valid[0]] for c in [first, *rest]]), expected)
+    assert torch.equal(torch.cat([c.audio for c in [first, *rest]]), expected)
     assert torch.equal(engine.generate(_req(), seed=7, params=p).audio, whole.audio)
 
 

@@ -80,7 +80,7 @@ def _interrupt(engine, req, how, frame):
             _generate(engine, req, on_progress=_raise_at(max(frame, 1)))
         elif how == "batch/should_stop":
             # the items' 3 rows decode together: should_stop is asked once per batch step (FRAMES steps)
-            engine.generate_batch([BatchItem(req, takes=1, seed=1), BatchItem(req, takes=2, seed=2)], params=params,
+            engine.generate([BatchItem(req, takes=1, seed=1), BatchItem(req, takes=2, seed=2)], params=params,
                                   should_stop=_stop_at(frame))
         elif how == "stream/should_stop":
             _stream(engine, req, should_stop=_stop_at(frame))

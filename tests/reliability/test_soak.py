@@ -104,7 +104,7 @@ def test_soak_load_release_cycles_through_the_node_cache(tiny_checkpoints, figur
 
 
 def _cycles(mm, cache, tiny_checkpoints, figure):
-    keys = [cache.EngineKey(model_dir=str(tiny_checkpoints[mt]), device="cpu", dtype="fp32", cuda_graphs="auto",
+    keys = [cache.EngineConfig(model_dir=str(tiny_checkpoints[mt]), device="cpu", dtype="fp32", cuda_graphs="auto",
                             triton="auto", max_takes=2) for mt in ("custom_voice", "voice_design")]
     reqs = [Request(mode="custom", text="Load, speak, release.", speaker="ryan"),
             Request(mode="design", text="Load, speak, release.", instruct="A clear voice.")]
