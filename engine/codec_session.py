@@ -28,7 +28,7 @@ class _Group:
 
     def __init__(self, slots: list, state, shared: bool):
         self.slots = slots
-        self.state = state  # a DecodeState (the bucket's shared one, or private)
+        self.state = state  # a DecodeState, or a parked snapshot of the one-row bucket's (a list of tensors)
         self.shared = shared  # the state is a graph bucket's, handed over by CodecGraphs.acquire
         self.pending: list[torch.Tensor] = []  # codes [B, Q, k] not decoded yet
         self.parts: list[torch.Tensor] = []  # whole mode: decoded audio [B, k * 1920], in order
@@ -108,7 +108,7 @@ class CodecSession:
         if group.state is None:
             group.state = self.bucket_state.snapshot()
         else:
-            for dst, src in zip(group.state.buffers(), self.bucket_state.buffers()):
+            for dst, src in zip(group.state, self.bucket_state.buffers()):
                 dst.copy_(src)
         self.current = None
 
