@@ -57,7 +57,7 @@ def time_ours(path: Path, frames: int, takes: int, repeats: int, dtype: str) -> 
 
 
 def time_official(path: Path, frames: int, repeats: int, dtype: str) -> dict:
-    from tests.oracle import import_qwen_tts
+    from tests.support.oracle import import_qwen_tts
 
     qwen_tts = import_qwen_tts()
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]

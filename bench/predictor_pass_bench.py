@@ -41,7 +41,7 @@ def weight_bytes_per_frame(talker) -> int:
 def fp32_parity(ckpt, frames: int, takes: int) -> dict:
     from engine import Engine, Request
     from engine.decode import EagerFrames
-    from tests.decoding import decode_codes
+    from tests.support.decoding import decode_codes
 
     torch.backends.cuda.matmul.allow_tf32 = False
     eng = Engine.load(ckpt, device="cuda", dtype="fp32", cuda_graphs="on", triton="on", max_seq_len=1024)

@@ -2,7 +2,7 @@
 
     python bench/register_usage.py [--out DIR]
 
-No GPU needed: the launches of tests/sm90_compile.py (the self-test's launchers at the model shapes, bf16,
+No GPU needed: the launches of tests/support/sm90_compile.py (the self-test's launchers at the model shapes, bf16,
 PDL on, as the compile test makes them) run inside its compile_only(), which compiles each launch instead
 of running it, and cuobjdump reads each cubin. A thread's registers cap how many programs an SM holds;
 stack bytes are spills to local memory; a kernel's SASS instructions say how much code its programs fetch.
@@ -29,7 +29,7 @@ SHOWN = ("PROLOGUE", "RESIDUAL", "HAS_BIAS", "ONE_TILE", "BLOCK_M", "BLOCK_N", "
 
 def launches(rows_of: dict) -> None:
     """Every launcher once per shape class; `rows_of` names the rows of the launch being compiled."""
-    from tests import sm90_compile as sm90
+    from tests.support import sm90_compile as sm90
 
     for m in ROWS:
         rows_of["now"] = m
@@ -42,7 +42,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
-    from tests.sm90_compile import compile_only, resource_usage
+    from tests.support.sm90_compile import compile_only, resource_usage
 
     found, rows_of = [], {"now": 0}
 

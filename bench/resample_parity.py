@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 from engine import Engine  # noqa: E402
 from engine.checkpoint.writer import ensure_random_checkpoint  # noqa: E402
-from tests.oracle import import_qwen_tts  # noqa: E402
-from tests.reference_files import RATES, compare, write_reference  # noqa: E402
+from tests.support.oracle import import_qwen_tts  # noqa: E402
+from tests.support.reference_files import RATES, compare, write_reference  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 COLUMNS = ("audio max diff", "x-vector emb. max diff", "ICL emb. max diff", "ref codes equal",

@@ -5,7 +5,7 @@ reads files as [T, C] and averages the last axis; `to_mono` does the same averag
 
 Reference preparation as upstream does it (qwen-tts 0.1.1): mono average, then resample to 24 kHz with
 soxr HQ and librosa's output length, which gives upstream's samples bit for bit
-(tests/test_resample_parity.py). No loudness normalisation, no silence trimming, no clipping.
+(tests/engine/test_resample_parity.py). No loudness normalisation, no silence trimming, no clipping.
 """
 from __future__ import annotations
 

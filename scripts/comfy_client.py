@@ -1,7 +1,7 @@
 """Tiny stdlib client for a headless ComfyUI (start, wait, post a prompt, poll history), plus the
 installer of the tiny random test checkpoints under the names the example workflows use.
 
-Used by tests/comfy/ and usable on its own:
+Used by tests/integration/ and usable on its own:
 
     python scripts/comfy_client.py run COMFYUI_DIR BASE_DIR WORKFLOW.json [--port 8190]
 

@@ -13,16 +13,16 @@ echo "setup took $(( $(date +%s) - start )) s"
 export COMFYUI_DIR="$PWD/.cache/comfyui/ComfyUI" QWEN3TTS_STRICT_TESTS=1
 set +e
 # Triton kernels under the interpreter need TRITON_INTERPRET=1 for their whole process: a run of their own.
-TRITON_INTERPRET=1 .venv/bin/python -m pytest -q tests/test_kernels.py
+TRITON_INTERPRET=1 .venv/bin/python -m pytest -q tests/kernels/test_kernels.py
 rc_kernels=$?
 # Every kernel compiled for sm_90 again with the device image's Triton (scripts/device_triton.sh): a radix
 # search in the sampler compiled with the venv's Triton and failed in 3.6's layout pass on the GPU.
 source scripts/device_triton.sh
 tdev=(env PYTHONPATH="$PWD/$DEVICE_TRITON_DIR:$PWD" .venv/bin/python)
 "${tdev[@]}" -c "import triton, sys; sys.exit(triton.__version__ != '$DEVICE_TRITON')" \
-  && "${tdev[@]}" -m pytest -q tests/test_kernel_compile.py
+  && "${tdev[@]}" -m pytest -q tests/kernels/test_kernel_compile.py
 rc_compile_dev=$?
-.venv/bin/python -m pytest -q -rs tests --ignore=tests/test_kernels.py "$@"
+.venv/bin/python -m pytest -q -rs tests --ignore=tests/kernels/test_kernels.py "$@"
 rc=$?
 # Mixed-prompt batch rows must never be slower than the same pieces one by one (tiny checkpoint, CPU;
 # fastest of 3 alternating runs per mode, so a busy CI machine's noise cannot decide it).

@@ -1,6 +1,8 @@
-"""Shared test setup: marker handling, the parity oracle, and tiny random checkpoints built once per run."""
+"""Shared test setup: marker handling, the parity oracle, tiny random checkpoints built once per run, and the
+reliability figures (the `figure` fixture) printed together at the end of the run."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -32,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
 def qwen_tts():
     """The official qwen-tts package, the parity oracle (skipped when missing; a failure under
     QWEN3TTS_STRICT_TESTS=1, as in CI)."""
-    from tests.oracle import require_qwen_tts
+    from tests.support.oracle import require_qwen_tts
 
     return require_qwen_tts()
 
@@ -86,3 +88,37 @@ def eos_checkpoint(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("tiny_eos")
     return write_random_checkpoint(root / "custom_voice", "tiny", "custom_voice", seed=0, eos=True, eos_scale=4.0)
+
+
+_FIGURES: list[tuple[str, dict]] = []
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny checkpoints are overhead-bound: one intra-op thread is as fast and keeps these long runs from
+    oversubscribing a busy 2-core CI machine (measured: the interrupt test took 13 s CPU with one thread,
+    193 s with two on a loaded machine). Autouse in tests/robustness."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture
+def figure(request):
+    """figure(**values): record (and print) this test's measured figures (docs/RELIABILITY.md); they are
+    printed together at the end of the run (also without -s), so CI logs always show them."""
+    def record(**values):
+        _FIGURES.append((request.node.nodeid.split("::", 1)[-1], values))
+        print(json.dumps(values, default=str))
+    return record
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FIGURES:
+        return
+    terminalreporter.section("reliability figures")
+    for name, values in _FIGURES:
+        terminalreporter.write_line(f"{name}: {json.dumps(values, default=str)}")

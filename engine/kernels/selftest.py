@@ -1,4 +1,4 @@
-"""Checks of every kernel against its plain-torch reference, shared by tests/test_kernels.py (CPU,
+"""Checks of every kernel against its plain-torch reference, shared by tests/kernels/test_kernels.py (CPU,
 Triton interpreter) and tests/gpu/test_kernels_gpu.py (CUDA). Run on a GPU box with
 `python -m engine.kernels.selftest` for a quick pass over all shape classes.
 

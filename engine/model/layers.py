@@ -10,7 +10,7 @@ Numerics follow the published model so fp32 runs match it to rounding and bf16 r
 
 The talker's config declares interleaved M-RoPE, but every TTS position has three equal axes, and with
 equal axes interleaving picks cos/sin values that are identical anyway, so plain 1-D RoPE is exact
-(tests/test_model_parity.py checks this against the official function).
+(tests/engine/test_model_parity.py checks this against the official function).
 
 Attention reads and writes a static cache (`kv_cache.KVCache`); see `Attention.forward` for the
 position rules.

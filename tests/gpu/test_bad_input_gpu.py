@@ -1,4 +1,4 @@
-"""Issue 13, item 1 on the device path: every engine-API case of tests/reliability/bad_inputs.py against CUDA
+"""Issue 13, item 1 on the device path: every engine-API case of tests/support/bad_inputs.py against CUDA
 engines with graphs on (bf16, Triton kernels where available).
 
 A bad value must be refused before anything reaches the device: a reference code outside the codebook or a
@@ -15,8 +15,8 @@ import torch
 
 from engine import Engine, Request, Voice
 from engine.errors import Qwen3TTSError, VoiceError
-from tests.reliability import bad_inputs as B
-from tests.reliability.test_bad_input_classes import REQUEST, run_engine
+from tests.support import bad_inputs as B
+from tests.robustness.test_bad_input_classes import REQUEST, run_engine
 
 pytestmark = pytest.mark.gpu
 RAN: dict[str, str] = {}

@@ -21,7 +21,7 @@ from engine.errors import CheckpointError, UnsupportedConfigError
 from engine.gpu.buckets import batch_bucket
 from engine.gpu.codec_graph import PIECES, CodecGraphs, final_pieces, pieces
 from engine.gpu.codec_overlap import FLUSH_FRAMES
-from tests.decoding import joined_take
+from tests.support.decoding import joined_take
 
 pytestmark = pytest.mark.gpu
 

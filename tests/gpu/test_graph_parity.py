@@ -9,7 +9,7 @@ import torch
 from engine import Engine, Request
 from engine.decode import EagerFrames
 from engine.gpu.frame_graph import GraphedFrames
-from tests.decoding import decode_codes, joined_take
+from tests.support.decoding import decode_codes, joined_take
 
 pytestmark = pytest.mark.gpu
 

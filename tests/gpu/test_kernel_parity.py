@@ -9,7 +9,7 @@ import torch
 from engine import Engine, Request, kernels
 from engine.gpu.frame_graph import GraphedFrames
 from engine.gpu.fused_layers import FusedStack
-from tests.decoding import decode_codes
+from tests.support.decoding import decode_codes
 
 pytestmark = pytest.mark.gpu
 

@@ -1,6 +1,6 @@
 """Triton kernels against their plain-torch references on CUDA at every decode shape (rows 1, 4, 8, 16;
 widths of the 0.6B and 1.7B models), plus many sampled rows and a large-draw chi-square test.
-Same checks and tolerances as tests/test_kernels.py (engine/kernels/selftest.py)."""
+Same checks and tolerances as tests/kernels/test_kernels.py (engine/kernels/selftest.py)."""
 import pytest
 import torch
 

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 from engine import Engine, Request, kernels
 from engine.decode import EagerFrames
 from engine.kernels import selftest as st
-from tests.decoding import decode_codes
+from tests.support.decoding import decode_codes
 
 REAL = {"hidden": 1024, "inter": 3072, "layers": 5, "nh": 16, "nkv": 8, "d": 128}  # 0.6B and 1.7B predictor
 

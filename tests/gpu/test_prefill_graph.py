@@ -11,7 +11,7 @@ import torch
 from engine import Engine, Request, Voice
 from engine.decode import prefill_into
 from engine.gpu.codec_graph import pieces
-from tests.decoding import decode_codes
+from tests.support.decoding import decode_codes
 
 pytestmark = pytest.mark.gpu
 

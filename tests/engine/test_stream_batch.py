@@ -1,0 +1,168 @@
+"""Engine.stream of many requests, streamed as rows of one decode loop. Each take's chunks, joined, equal
+that take of generate (a list) and of generate alone (CPU fp32: codes identical, audio within 1e-5), with
+rows of different modes, prompt lengths and ends, more rows than slots, and a short first chunk. Closing
+the generator early frees the engine. The codec session (one codec state per row) keeps each row's own utterance
+when rows take turns on a shared graph state."""
+import numpy as np
+import pytest
+import torch
+
+from engine import BatchItem, Engine, Request
+from engine.codec_session import CodecSession
+from engine.decode import FrameChunk
+from engine.errors import GenerationInterrupted, InvalidInputError
+from engine.gpu.codec_graph import CodecGraphs
+from tests.engine.test_batch_rows import custom_items
+
+
+@pytest.fixture(scope="module")
+def custom(eos_checkpoint):
+    return Engine.load(eos_checkpoint, device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    from engine.checkpoint.writer import write_random_checkpoint
+
+    path = write_random_checkpoint(tmp_path_factory.mktemp("tiny_eos_base_sb") / "base", "tiny", "base", seed=0,
+                                   eos=True, eos_scale=4.0)
+    return Engine.load(path, device="cpu", dtype="fp32")
+
+
+def _joined(chunks, items):
+    """{(item, take): (codes [T, 16], audio [T * 1920])} of the chunks; checks each take's chunk order."""
+    by_take = {}
+    for c in chunks:
+        by_take.setdefault((c.item, c.take), []).append(c)
+    assert sorted(by_take) == [(k, i) for k, item in enumerate(items) for i in range(item.takes)]
+    out = {}
+    for key, cs in by_take.items():
+        assert [c.index for c in cs] == list(range(len(cs)))
+        assert cs[-1].final and not any(c.final for c in cs[:-1]), key
+        assert all(c.audio.numel() == c.codes.shape[0] * 1920 for c in cs)
+        out[key] = (torch.cat([c.codes for c in cs]), torch.cat([c.audio for c in cs]))
+    return out
+
+
+def _check_equal(engine, items, params, joined):
+    batch = engine.generate(items, params=params, max_rows=3)
+    ends = []
+    for k, (item, res) in enumerate(zip(items, batch)):
+        alone = engine.generate(item.request, takes=item.takes, seed=item.seed, first_take=item.first_take,
+                                params=params if item.max_new_tokens is None
+                                else params.replace(max_new_tokens=item.max_new_tokens))
+        for i in range(item.takes):
+            codes, audio = joined[(k, i)]
+            assert torch.equal(codes, res.codes[i]) and torch.equal(codes, alone.codes[i]), (k, i)
+            n = alone.lengths[i]
+            assert audio.shape[0] == n == res.lengths[i]
+            if n:
+                assert float((audio - alone.audio[i, :n]).abs().max()) <= 1e-5
+                assert float((audio - res.audio[i, :n]).abs().max()) <= 1e-5
+            ends.append(n // 1920)
+    return ends
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_stream_batch_takes_equal_generate_batch_and_alone(custom, greedy):
+    params = custom.defaults.replace(max_new_tokens=30)
+    params = params.greedy() if greedy else params
+    items = custom_items()  # 6 rows: different speakers, languages, instructs, layouts, takes and budgets
+    chunks = list(custom.stream(items, params=params, chunk_frames=3, first_chunk_frames=2, max_rows=3))
+    assert (chunks[0].item, chunks[0].take, chunks[0].index) == (0, 0, 0) and chunks[0].codes.shape[0] <= 2
+    assert not any(c.item == 1 for c in chunks[:1])  # only item 0 runs in the short first chunk
+    ends = _check_equal(custom, items, params, _joined(chunks, items))
+    assert len(set(ends)) >= 3 and min(ends) < 30, ends  # rows end at different frames, some by EOS
+
+
+def test_stream_batch_clone_rows_icl_and_xvector(base):
+    t = np.arange(2 * 24000) / 24000
+    wav = (0.3 * np.sin(2 * np.pi * 190 * t)).astype(np.float32)
+    icl = base.extract_voice(wav, 24000, ref_text="A reference line.")
+    xvec = base.extract_voice(wav[: 24000], 24000)
+    items = [
+        BatchItem(Request(mode="clone", text="In-context cloning of a voice.", language="English", voice=icl), seed=1),
+        BatchItem(Request(mode="clone", text="Only the x-vector here.", language="English", voice=xvec), seed=2),
+        BatchItem(Request(mode="clone", text="ICL again, whole text in the prompt.", language="English", voice=icl,
+                          non_streaming_mode=True), takes=2, seed=3),
+    ]
+    params = base.defaults.greedy().replace(max_new_tokens=20)
+    chunks = list(base.stream(items, params=params, chunk_frames=4, max_rows=3))
+    _check_equal(base, items, params, _joined(chunks, items))
+
+
+def test_early_close_and_interrupt_free_the_engine(custom):
+    items = custom_items()
+    params = custom.defaults.greedy().replace(max_new_tokens=30)
+    gen = custom.stream(items, params=params, chunk_frames=2, max_rows=3)
+    next(gen), next(gen)
+    assert custom._lock.busy
+    gen.close()
+    assert not custom._lock.busy
+    with pytest.raises(GenerationInterrupted):
+        list(custom.stream(items, params=params, chunk_frames=2, should_stop=lambda: True))
+    assert not custom._lock.busy
+    # the engine is intact: a full run after both equals the items alone
+    chunks = list(custom.stream(items[:2], params=params, chunk_frames=5))
+    _check_equal(custom, items[:2], params, _joined(chunks, items[:2]))
+
+
+def test_stream_batch_input_errors(custom):
+    assert list(custom.stream([])) == []
+    with pytest.raises(InvalidInputError, match="first_chunk_frames"):
+        next(custom.stream(custom_items(), chunk_frames=4, first_chunk_frames=5))
+    with pytest.raises(InvalidInputError, match="BatchItem"):
+        next(custom.stream(["text"]))
+    assert not custom._lock.busy
+
+
+def _chunks(codes: list, joins: list, sizes: list):
+    """FrameChunks of a schedule: row r holds slot r from chunk joins[r] until its codes run out."""
+    pos = [0] * len(codes)
+    out = []
+    for step, k in enumerate(sizes):
+        chunk_codes = torch.zeros(len(codes), k, 16, dtype=torch.long)
+        valid = torch.zeros(len(codes), k, dtype=torch.bool)
+        rows, ended = [], []
+        for r, c in enumerate(codes):
+            if step < joins[r] or pos[r] >= c.shape[0]:
+                rows.append(-1)
+                continue
+            n = min(k, c.shape[0] - pos[r])
+            chunk_codes[r, :n], valid[r, :n] = c[pos[r]: pos[r] + n], True
+            pos[r] += n
+            rows.append(r)
+            if pos[r] == c.shape[0]:
+                ended.append(r)
+        out.append(FrameChunk(chunk_codes, valid, 0, step == len(sizes) - 1, tuple(rows), tuple(ended)))
+    assert pos == [c.shape[0] for c in codes]
+    return out
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("stream", [False, True])
+def test_codec_session_keeps_each_row_utterance(base, graphs, stream):
+    """Rows that start at different chunks, one with an ICL reference, each get their own utterance (the graph
+    path swaps their states through the one shared one-row state, run uncaptured here): streamed pieces
+    joined, or the whole audio, equal each row's one-pass decode."""
+    codec = base.codec
+    gen = torch.Generator().manual_seed(0)
+    codes = [torch.randint(0, 2048, (n, 16), generator=gen) for n in (11, 7, 20)]
+    ref = torch.randint(0, 2048, (5, 16), generator=gen)
+    refs = [None, ref, None]
+    cg = CodecGraphs(codec.decoder, capture=False) if graphs else None
+    session = CodecSession(codec.decoder, cg, refs, together=False, stream=stream)
+    out = [[] for _ in codes]
+    for chunk in _chunks(codes, joins=[0, 1, 1], sizes=[3, 2, 4, 3, 5, 4, 3]):
+        for r, audio, got_codes, final in session.push(chunk):
+            out[r].append(audio)
+    wav = [torch.cat(o) for o in out] if stream else session.finish()
+    session.release()
+    for r, c in enumerate(codes):
+        full = c if refs[r] is None else torch.cat([refs[r], c])
+        one_pass = codec.decode(full[None])[0, (0 if refs[r] is None else 5 * 1920):]
+        assert wav[r].shape == one_pass.shape
+        assert float((wav[r] - one_pass).abs().max()) <= 1e-5, r
+    if graphs:  # the one-row state is free again for the next call
+        owner = CodecSession(codec.decoder, cg, [None], together=True, stream=False)
+        assert owner.groups[-1].shared and cg.private_streams == 0

@@ -1,0 +1,86 @@
+"""Sampling overrides, checkpoint/voice paths (pure helpers)."""
+import json
+import os
+
+import pytest
+
+from tests.support._q3support import load_pure
+
+sampling = load_pure("sampling")
+paths = load_pure("paths")
+
+
+def test_sampling_defaults_change_nothing():
+    assert sampling.sampling_changes() == {}
+    assert sampling.sampling_changes(**{w: -1 for w in sampling.NUMERIC}, do_sample="checkpoint") == {}
+
+
+def test_sampling_overrides_map_to_fields():
+    ch = sampling.sampling_changes(temperature=0.5, top_k=10, sub_top_p=0.8, do_sample="greedy",
+                                   sub_do_sample="sample", max_new_tokens=100)
+    assert ch == {"temperature": 0.5, "top_k": 10, "subtalker_top_p": 0.8, "do_sample": False,
+                  "subtalker_dosample": True, "max_new_tokens": 100}
+
+
+def test_sampling_rejects_out_of_range():
+    with pytest.raises(ValueError, match="top_p"):
+        sampling.sampling_changes(top_p=1.5)
+    with pytest.raises(ValueError):
+        sampling.sampling_changes(do_sample="maybe")
+
+
+def test_find_checkpoints_lists_dirs_with_config(tmp_path):
+    own, foreign = tmp_path / "models" / "qwen3_tts", tmp_path / "models" / "TTS" / "Qwen3-TTS"
+    for d in (own / "A", own / "org" / "B", foreign / "C", own / "voices", own / "A" / "speech_tokenizer"):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+    (own / "not_a_ckpt").mkdir()
+    roots = paths.candidate_roots(str(tmp_path / "models"), [str(own)], [])
+    found = paths.find_checkpoints(roots)
+    assert list(found) == ["A", "C", "org/B"]
+    assert found["C"] == os.path.abspath(foreign / "C")
+
+
+def test_voice_names_are_validated():
+    assert paths.check_voice_name("my voice-1") == "my voice-1.safetensors"
+    assert paths.check_voice_name("alice.safetensors") == "alice.safetensors"
+    for bad in ("", "  ", "../x", "a/b", "a\\b", "..", ".hidden", "x" * 101):
+        with pytest.raises(ValueError):
+            paths.check_voice_name(bad)
+
+
+def test_list_voices_and_repo_target(tmp_path):
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "b.safetensors").write_bytes(b"")
+    (tmp_path / "v" / "a.safetensors").write_bytes(b"")
+    (tmp_path / "v" / "note.txt").write_text("")
+    assert paths.list_voices([str(tmp_path / "v"), str(tmp_path / "missing")]) == ["a", "b"]
+    assert paths.repo_target("/m", "Qwen/Qwen3-TTS-12Hz-0.6B-Base") == os.path.join(
+        "/m", "qwen3_tts", "Qwen3-TTS-12Hz-0.6B-Base")
+    with pytest.raises(ValueError):
+        paths.repo_target("/m", "someone/else")
+
+
+def test_checkpoint_speakers_and_codec_choices(tmp_path):
+    """The CustomVoice speaker list reads each CustomVoice checkpoint's own config.json (a fine-tuned speaker
+    appears as written); the loader's codec choices are the checkpoints that carry speech_tokenizer/."""
+    def ckpt(name, cfg, codec=False):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        if codec:
+            (d / "speech_tokenizer").mkdir()
+            (d / "speech_tokenizer" / "config.json").write_text("{}")
+        return str(d)
+
+    found = {
+        "sft": ckpt("sft", {"tts_model_type": "custom_voice", "talker_config": {"spk_id": {"My_Speaker": 3000}}}),
+        "cv": ckpt("cv", {"tts_model_type": "custom_voice", "talker_config": {"spk_id": {"ryan": 3061, "x": 3001}}},
+                   codec=True),
+        "base": ckpt("base", {"tts_model_type": "base", "talker_config": {"spk_id": {"hidden": 1}}}, codec=True),
+        "broken": ckpt("broken", {}),
+        "Qwen3-TTS-Tokenizer-12Hz": ckpt("tok", {"model_type": "qwen3_tts_tokenizer_12hz"}),
+    }
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    assert paths.checkpoint_speakers(found.values()) == ["My_Speaker", "ryan", "x"]
+    assert paths.codec_choices(found) == ["cv", "base", "Qwen3-TTS-Tokenizer-12Hz"]

@@ -1,0 +1,56 @@
+"""Long-text splitting (nodes/text_split.py)."""
+import pytest
+
+from tests.support._q3support import load_pure
+
+ts = load_pure("text_split")
+
+
+def test_short_text_is_one_segment_unchanged():
+    assert ts.split_text("  Hello there. How are you?  ") == ["Hello there. How are you?"]
+
+
+def test_empty_text_gives_no_segments():
+    assert ts.split_text("   \n ") == []
+
+
+def test_splits_at_sentence_boundaries_and_keeps_every_word():
+    text = " ".join(f"Sentence number {i} ends here." for i in range(40))
+    segs = ts.split_text(text, 120)
+    assert len(segs) > 1
+    assert all(ts.text_units(s) <= 120 for s in segs)
+    assert all(s.endswith(".") for s in segs)  # never cut mid-sentence when sentences fit
+    assert " ".join(segs).split() == text.split()
+
+
+def test_cjk_counts_more_and_joins_without_spaces():
+    text = "你好。今天天气很好！我们去公园吧，好不好？" * 6
+    segs = ts.split_text(text, 30)
+    assert all(ts.text_units(s) <= 30 for s in segs)
+    assert "".join(segs) == text
+    assert ts.text_units("你好") == 2 * ts.CJK_WEIGHT
+
+
+def test_overlong_sentence_is_cut_at_clauses_then_words():
+    text = ", ".join(["alpha beta gamma"] * 30) + "."
+    segs = ts.split_text(text, 50)
+    assert all(ts.text_units(s) <= 50 for s in segs)
+    assert " ".join(segs).split() == text.split()
+    word = "x" * 130
+    assert ts.split_text(word, 50) == ["x" * 50, "x" * 50, "x" * 30]
+
+
+def test_newlines_are_boundaries():
+    assert ts.split_text("Line one\nLine two\n\nLine three", 12) == ["Line one", "Line two", "Line three"]
+
+
+def test_segment_budget_respects_the_cache():
+    assert ts.segment_budget(400, 4096) == 400
+    assert ts.segment_budget(400, 200) == int((200 - 64) / 2.2)
+    assert ts.segment_budget(400, 4096, prompt_overhead=4000) == int(96 / 2.2)
+    assert ts.segment_budget(400, 10) == 1
+
+
+def test_invalid_budget():
+    with pytest.raises(ValueError):
+        ts.split_text("abc", 0)
