@@ -47,7 +47,7 @@ def test_synth_stream_and_clone_options(tiny_checkpoints, tmp_path):
 
     audio.save_wav(ref, (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 16000)
     res, _ = synth("--model", str(tiny_checkpoints["base"]), "--mode", "clone", "--ref-audio", str(ref),
-                   "--xvec-only", "--stream", "--chunk-size", "3", "--max-new-tokens", "7", "--greedy",
+                   "--xvec-only", "--stream", "--chunk-frames", "3", "--max-new-tokens", "7", "--greedy",
                    "--out", str(tmp_path / "s.wav"), "--device", "cpu", "--dtype", "fp32", cwd=tmp_path)
     assert res["frames"] == 7 and res["ttfa_s"] is not None and res["ttfa_s"] <= res["wall_s"]
     assert frames_of(res["outputs"][0]) == 7

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from engine.checkpoint import presets
-from engine.codec import CodecConfig, CodecDecoder, SpeechTokenizer, StreamingDecoder
+from engine.codec import CodecConfig, CodecDecoder, SpeechTokenizer
+from tests.support.streaming_decoder import StreamingDecoder
 from engine.codec.config import DecoderConfig
 from engine.codec.decoder import DecodeState
 from engine.errors import CheckpointError, InvalidInputError

@@ -9,7 +9,7 @@ import torch
 
 from engine import Engine, Request
 from engine.decode import EagerFrames, Row, decode_rows
-from tests.decoding import decode_frames
+from tests.support.decoding import decode_frames
 from engine.gpu.frame_graph import GraphedFrames
 
 

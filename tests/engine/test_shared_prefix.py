@@ -9,7 +9,7 @@ import torch
 
 from engine import Engine, Request
 from engine.decode import EagerFrames, Row, decode_rows
-from tests.decoding import collect
+from tests.support.decoding import collect
 from engine.gpu.frame_graph import GraphedFrames
 
 

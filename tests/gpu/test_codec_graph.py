@@ -15,12 +15,12 @@ import torch
 
 from engine import Engine, Request, Voice
 from engine.checkpoint import loader
-from engine.codec import StreamingDecoder
+from tests.support.streaming_decoder import StreamingDecoder
 from engine.codec.decoder import SnakeBeta
 from engine.errors import CheckpointError, UnsupportedConfigError
 from engine.gpu.buckets import batch_bucket
 from engine.gpu.codec_graph import PIECES, CodecGraphs, final_pieces, pieces
-from engine.gpu.codec_overlap import FLUSH_FRAMES
+from engine.codec_session import WHOLE_PIECE_FRAMES as FLUSH_FRAMES
 from tests.support.decoding import joined_take
 
 pytestmark = pytest.mark.gpu

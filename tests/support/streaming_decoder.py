@@ -1,4 +1,5 @@
-"""Chunked decoding of a growing code sequence whose concatenated output equals a one-pass decode.
+"""A reference chunked decoder for the codec tests: a growing code sequence decoded chunk by chunk, whose
+concatenated output equals a one-pass decode (the engine itself decodes through engine/codec_session.py).
 
 Two ways, both behind `StreamingDecoder.push`:
 
@@ -16,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import InvalidInputError
-from .decoder import CodecDecoder, DecodeState
+from engine.codec.decoder import CodecDecoder, DecodeState
+from engine.errors import InvalidInputError
 
 # Why streaming carries state instead of re-decoding a window: the left context a window would need is the
 # theoretical receptive field, 8 layers x 71 frames of sliding-window attention + 11.4 frames of causal
