@@ -141,7 +141,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
             first, n = None, 0
             for chunk in eng.stream(req, takes=1, seed=seed, params=script_params(eng, frames), **stream_kw):
                 first = chunk.elapsed_s if first is None else first
-                n += chunk.codes.shape[1]
+                n += chunk.codes.shape[0]
             wall = time.perf_counter() - t0
             extra = {}
         else:

@@ -69,7 +69,8 @@ def test_one_prompt_is_admitted_without_a_wait(engine, takes):
     assert got.lengths == want.lengths
     for a, b in zip(got.codes, want.codes):
         assert torch.equal(a, b)
-    assert sum(c.codes.shape[1] for c in streamed) == max(want.stats["frames_per_take"])
+    assert [sum(c.codes.shape[0] for c in streamed if c.take == i) for i in range(takes)] == \
+        want.stats["frames_per_take"]
 
 
 def test_rows_admitted_mid_run_without_a_wait(engine):

@@ -98,12 +98,12 @@ def test_fp32_rows_that_all_fit_decode_the_codec_during_the_frames(eos_checkpoin
     params = e.defaults.replace(max_new_tokens=300)
     params = params.greedy() if greedy else params
     results = e.generate(ITEMS, params=params)
-    assert {r.stats["codec"] for r in results} == {"during decoding"}
+    assert {r.stats["codec"] for r in results} == {"batched"}
     assert results[0].stats["batch"]["slots"] == 7
     _equal_alone(e, ITEMS, results, params)
     assert len({n for r in results for n in r.lengths}) >= 3  # rows ended at different frames
     one = e.generate([ITEMS[2]], params=params)  # the nodes' case: one line, its takes
-    assert one[0].stats["codec"] == "during decoding"
+    assert one[0].stats["codec"] == "batched"
     _equal_alone(e, [ITEMS[2]], one, params)
 
 
@@ -124,10 +124,10 @@ def test_fp32_icl_rows_share_the_reference_during_the_frames(tiny_checkpoints):
                        max_new_tokens=n) for t, k, s, n in (("First segment.", 2, 1, 30), ("Second one.", 1, 2, 17))]
     params = e.defaults.replace(max_new_tokens=40)
     results = e.generate(clone, params=params)
-    assert {r.stats["codec"] for r in results} == {"during decoding"}
+    assert {r.stats["codec"] for r in results} == {"batched"}
     _equal_alone(e, clone, results, params)
     mixed = clone + [BatchItem(Request(mode="clone", text="Another voice.", language="English", voice=other),
                                seed=3, max_new_tokens=25)]
     results = e.generate(mixed, params=params)
-    assert {r.stats["codec"] for r in results} == {"after decoding"}
+    assert {r.stats["codec"] for r in results} == {"per row"}
     _equal_alone(e, mixed, results, params)

@@ -147,7 +147,7 @@ def test_no_capture_while_requests_run(engines):
         params = engine.defaults.replace(max_new_tokens=[7, 61, 300][i])
         engine.generate(req, seed=i, params=params)
         for chunk in (1, 2, 3, 12):
-            n = sum(c.codes.shape[1] for c in engine.stream(req, seed=i, params=params.replace(max_new_tokens=13),
+            n = sum(c.codes.shape[0] for c in engine.stream(req, seed=i, params=params.replace(max_new_tokens=13),
                                                             chunk_frames=chunk, first_chunk_frames=1))
             assert n == 13
     assert runner.prefill_graphs.replays == replays + len(texts) * 5
@@ -163,7 +163,7 @@ def test_first_chunk_smaller_stream_equals_generate(engines):
     params = engine.defaults.replace(max_new_tokens=30)
     whole = engine.generate(req, seed=9, params=params)
     chunks = list(engine.stream(req, seed=9, params=params, chunk_frames=8, first_chunk_frames=2))
-    assert [c.codes.shape[1] for c in chunks] == [2, 8, 8, 8, 4]
+    assert [c.codes.shape[0] for c in chunks] == [2, 8, 8, 8, 4]
     joined = torch.cat([c.audio for c in chunks])
     assert float((joined - whole.audio[0]).abs().max()) <= 1e-5
     assert len(pieces(2)) == 1

@@ -149,7 +149,7 @@ def test_gpu_interrupts_under_graphs_leave_fixed_seed_output_unchanged(engines):
         return [c.clone() for c in r.codes], r.audio.clone()
 
     def streamed():
-        return torch.cat([c.audio for c in eng.stream(req, seed=9, params=params, chunk_frames=2)], 1)
+        return torch.cat([c.audio for c in eng.stream(req, seed=9, params=params, chunk_frames=2)])
 
     ref_whole, ref_stream = whole(), streamed()
     rng, mismatches = random.Random(7), 0
@@ -176,7 +176,7 @@ def test_gpu_two_threads_match_the_sequential_run(engines):
     def job(k):
         req = Request(mode="custom", text=texts[k % 4], language="English", speaker="ryan")
         if k % 2:
-            return torch.cat([c.audio for c in eng.stream(req, seed=k, params=params, chunk_frames=2)], 1)
+            return torch.cat([c.audio for c in eng.stream(req, seed=k, params=params, chunk_frames=2)])
         return eng.generate(req, takes=1 + k % 3, seed=k, params=params).audio
 
     reference = [job(k) for k in range(8)]

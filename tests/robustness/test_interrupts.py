@@ -43,14 +43,14 @@ def requests(engines):
 
 def _generate(engine, req, **kw):
     r = engine.generate(req, takes=2, seed=42, params=engine.defaults.replace(max_new_tokens=FRAMES),
-                        progress_every=1, **kw)
+                        chunk_frames=1, **kw)
     return [c.clone() for c in r.codes], r.audio.clone()
 
 
 def _stream(engine, req, **kw):
     chunks = list(engine.stream(req, takes=1, seed=42, params=engine.defaults.replace(max_new_tokens=FRAMES),
                                 chunk_frames=2, **kw))
-    return [c.codes.clone() for c in chunks], torch.cat([c.audio for c in chunks], 1)
+    return [c.codes.clone() for c in chunks], torch.cat([c.audio for c in chunks])
 
 
 def _same(a, b) -> bool:

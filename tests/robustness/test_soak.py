@@ -76,7 +76,7 @@ def test_soak_generations_keep_memory_and_fds_flat(engines, figure):
         params = eng.defaults.replace(max_new_tokens=FRAMES)
         if i % 3 == 2:
             chunks = list(eng.stream(req, takes=takes, seed=i, params=params, chunk_frames=1 + i % 2))
-            frames_made += sum(c.codes.shape[1] for c in chunks) * takes
+            frames_made += sum(c.codes.shape[0] for c in chunks)
             streamed += 1
         else:
             res = eng.generate(req, takes=takes, seed=i, params=params)
