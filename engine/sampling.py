@@ -27,6 +27,7 @@ MAX_TOP_K = (1 << 31) - 1
 MAX_TEMPERATURE = 100.0
 MAX_REPETITION_PENALTY = 100.0
 SEED_MAX = (1 << 64) - 1
+MAX_TAKES = 16  # most takes (rows) one load serves: Engine.load's max_takes
 
 
 @dataclass(frozen=True)
