@@ -21,11 +21,15 @@ def _codec_options() -> list[str]:
 
 
 def _describe(engine, name: str) -> str:
+    from ..engine.checkpoint.writer import is_random_checkpoint
+
     info = engine.info
     kernels = ", ".join(info.kernels) if info.kernels else "none"
-    lines = [f"{name}: {info.model_type} {info.model_size}",
-             f"device {info.device}, dtype {info.dtype}, CUDA graphs {'on' if info.cuda_graphs else 'off'}",
-             f"kernels: {kernels}"]
+    lines = [f"{name}: {info.model_type} {info.model_size}"]
+    if is_random_checkpoint(info.model_dir) or is_random_checkpoint(info.codec_dir):
+        lines.append("RANDOM weights (a test checkpoint): the audio is noise, not speech")
+    lines += [f"device {info.device}, dtype {info.dtype}, CUDA graphs {'on' if info.cuda_graphs else 'off'}",
+              f"kernels: {kernels}"]
     lines += [f"note: {n}" for n in info.notes]
     return "\n".join(lines)
 

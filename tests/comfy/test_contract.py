@@ -320,6 +320,7 @@ def test_finetuned_speaker_is_listed_and_a_repacked_folder_borrows_a_codec(comfy
             out = loader.execute("zz-tiny-sft", "fp32", "off", "off", 1, codec=codec)
             ref, text = out.result
             assert says in text and str(complete.resolve() / "speech_tokenizer") in text, text
+            assert "RANDOM weights" in text.splitlines()[1] and "noise" in text, text  # RANDOM_WEIGHTS.json
             assert cache.release(ref.key)
     finally:
         shutil.rmtree(repacked)
