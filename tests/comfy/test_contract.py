@@ -215,6 +215,37 @@ def test_pick_take_rejects_negative_index(comfy):
     assert ok is False
 
 
+def test_take_previews_play_at_the_level_saveaudio_saves(comfy):
+    """PickTake's previews are mono like the take and hold its samples; SaveAudio's file of the same take has the
+    same level (ComfyUI's V3 save helper would write mono as stereo at 0.707, 3 dB quieter)."""
+    import av
+    import folder_paths
+    import numpy as np
+
+    from _q3support import read_audio
+
+    au = _pack_module("audio_utils")
+    t = torch.arange(24000) / 24000
+    wav = torch.stack([0.5 * torch.sin(2 * torch.pi * 220 * t), 0.25 * torch.sin(2 * torch.pi * 330 * t)])
+    audio = au.make_audio(wav, [24000, 12000])
+    out = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "PickTake"].execute(audio, 1)
+    takes = out.ui["qwen3tts_takes"]
+    assert [t["index"] for t in takes] == [0, 1] and takes[1]["samples"] == 12000
+    saver = comfy["nodes"].NODE_CLASS_MAPPINGS["SaveAudio"]()
+    saved = saver.save_flac(out.result[0], filename_prefix="level_check")["ui"]["audio"][0]
+    ref, sr = read_audio(os.path.join(folder_paths.get_output_directory(), saved["subfolder"], saved["filename"]))
+    for take, expected in zip(takes, wav):
+        path = os.path.join(folder_paths.get_temp_directory(), take["subfolder"], take["filename"])
+        with av.open(path) as f:
+            assert f.streams.audio[0].channels == 1, "a mono take must be previewed as mono"
+        got, rate = read_audio(path)
+        assert rate == 24000 and np.abs(got - expected[: take["samples"]].numpy()).max() < 1.0 / 16000
+    preview, _ = read_audio(os.path.join(folder_paths.get_temp_directory(), takes[1]["subfolder"],
+                                         takes[1]["filename"]))
+    assert sr == 24000 and ref.shape == preview.shape
+    assert abs(20 * np.log10(np.sqrt(np.mean(preview**2)) / np.sqrt(np.mean(ref**2)))) < 0.01  # dB
+
+
 def _pack_module(suffix: str):
     return next(m for name, m in sys.modules.items() if name.endswith(suffix) and "nodes" in name)
 
