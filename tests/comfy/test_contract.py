@@ -250,6 +250,80 @@ def _pack_module(suffix: str):
     return next(m for name, m in sys.modules.items() if name.endswith(suffix) and "nodes" in name)
 
 
+@pytest.mark.parametrize("prefix,folder,name", [("", "", "subtitles"), ("qwen3tts/", "qwen3tts", "subtitles"),
+                                                 ("  qwen3tts / my\tsubs\x00 ", "qwen3tts", "my subs")])
+def test_save_subtitles_numbers_every_run_and_cleans_the_prefix(comfy, prefix, folder, name):
+    """A prefix that names only a folder (or nothing) still gets ComfyUI's numbered files: a new one each run."""
+    import folder_paths
+
+    node = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "SaveSubtitles"]
+    saved = [node.execute(f"1\n00:00:00,000 --> 00:00:01,000\nrun {i}\n", prefix).ui["subtitles"][0]
+             for i in range(2)]
+    assert saved[0]["filename"] != saved[1]["filename"], saved
+    for i, entry in enumerate(saved):
+        assert entry["subfolder"] == folder and entry["filename"].startswith(name + "_"), entry
+        path = os.path.join(folder_paths.get_output_directory(), entry["subfolder"], entry["filename"])
+        with open(path, encoding="utf-8") as f:
+            assert f.read().endswith(f"run {i}\n")
+
+
+@pytest.mark.parametrize("prefix", ["../outside/subs", "/"])
+def test_save_subtitles_path_errors_are_node_messages(comfy, prefix):
+    node = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "SaveSubtitles"]
+    if prefix == "/":  # a folder alone: saved as 'subtitles' in the output folder, never an error
+        assert node.execute("x", prefix).ui["subtitles"][0]["filename"].startswith("subtitles_")
+        return
+    with pytest.raises(ValueError, match="^SaveSubtitles: filename_prefix .* points outside the output folder"):
+        node.execute("x", prefix)
+
+
+class _FakeVoice:
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+    def save(self, path):
+        with open(path, "wb") as f:
+            f.write(self.payload)
+
+
+def test_voice_names_are_cleaned_before_the_overwrite_check(comfy):
+    """' Alice\t' is the voice 'Alice': with overwrite off it is refused, with overwrite on the node says it
+    replaced it; a name of only spaces and control characters is refused with a node message. (The pack's
+    InvalidInputError is a ValueError, imported under the pack's own module name.)"""
+    save = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "SaveVoice"]
+    voices = _pack_module("comfy_paths").voice_save_dir()
+    assert save.execute(_FakeVoice(b"first"), "Alice", True).result == ("Alice",)
+    for typed in (" Alice\t", "Alice\x00", "Al\u200bice", "Alice .safetensors"):
+        with pytest.raises(ValueError, match="^SaveVoice: a voice named 'Alice' exists"):
+            save.execute(_FakeVoice(b"second"), typed, False)
+    with open(os.path.join(voices, "Alice.safetensors"), "rb") as f:
+        assert f.read() == b"first"
+    out = save.execute(_FakeVoice(b"third"), " Alice\t", True)
+    assert out.result == ("Alice",)
+    text = out.ui["text"][0]
+    assert "was saved as 'Alice'" in text and "replaced the voice 'Alice'" in text, text
+    assert sorted(f for f in os.listdir(voices) if f.startswith("Al")) == ["Alice.safetensors"]
+    with pytest.raises(ValueError, match="^SaveVoice: voice name is empty"):
+        save.execute(_FakeVoice(b"x"), " \x00\t ", True)
+
+
+def test_voice_path_errors_are_node_messages(comfy, monkeypatch):
+    load = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "LoadVoice"]
+    with pytest.raises(ValueError, match="^LoadVoice: voice 'nobody' not found; looked for nobody.safetensors"):
+        load.execute(None, "nobody")
+    save = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "SaveVoice"]
+
+    def full_disk(path):
+        raise OSError(28, "No space left on device")
+
+    voice = _FakeVoice(b"")
+    monkeypatch.setattr(voice, "save", full_disk)
+    with pytest.raises(RuntimeError, match="^SaveVoice: could not write .*Bob.safetensors \\(No space left"):
+        save.execute(voice, "Bob", True)
+    voices = _pack_module("comfy_paths").voice_save_dir()
+    assert not [f for f in os.listdir(voices) if "Bob" in f], "the temporary file is removed"
+
+
 def test_download_without_network_says_where_to_put_the_files(comfy, monkeypatch):
     """No network (simulated: nothing may leave this machine): the error names the repo and the folder."""
     import huggingface_hub
