@@ -269,6 +269,35 @@ def test_take_previews_play_at_the_level_saveaudio_saves(comfy):
     assert abs(20 * np.log10(np.sqrt(np.mean(preview**2)) / np.sqrt(np.mean(ref**2)))) < 0.01  # dB
 
 
+def test_stream_start_message_says_when_the_prompt_was_queued(comfy, monkeypatch):
+    """The player times first audio from the queue: the start message carries ComfyUI's create_time of the
+    running prompt and the server's send time, on the same clock."""
+    import time
+
+    import server
+
+    inst = server.PromptServer.instance
+    sent = []
+    monkeypatch.setattr(inst, "send_sync", lambda event, data, sid=None: sent.append((event, data)))
+    monkeypatch.setattr(inst, "last_prompt_id", "prompt-q", raising=False)
+    queued = int(time.time() * 1000) - 2500  # queued 2.5 s ago, behind other prompts and a model load
+    inst.prompt_queue.put((0, "prompt-q", {}, {"create_time": queued}, [], {}))
+    _, item_id = inst.prompt_queue.get()  # running now, as ComfyUI's worker takes it
+    try:
+        send = _pack_module("node_stream")._sender("5")
+        send({"phase": "start", "sample_rate": 24000, "segments": 1, "chunk_frames": 8})
+        send({"phase": "chunk", "seq": 0, "samples": 4, "pcm": torch.zeros(4)})
+    finally:
+        inst.prompt_queue.currently_running.pop(item_id)
+    start, chunk = [d for e, d in sent if e == "qwen3tts_fast.stream"]
+    assert start["prompt_id"] == "prompt-q" and start["queued_ms"] == queued
+    assert 2500 <= start["sent_ms"] - queued < 60_000
+    assert "queued_ms" not in chunk
+    monkeypatch.setattr(inst, "last_prompt_id", "not-running", raising=False)
+    send({"phase": "start", "sample_rate": 24000, "segments": 1, "chunk_frames": 8})
+    assert sent[-1][1]["queued_ms"] is None  # unknown: the player falls back to the prompt's start
+
+
 def _pack_module(suffix: str):
     return next(m for name, m in sys.modules.items() if name.endswith(suffix) and "nodes" in name)
 
