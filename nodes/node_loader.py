@@ -6,6 +6,7 @@ import os
 from . import comfy_paths, engine_cache, paths
 from .comfy_api_compat import io
 from .common import MAX_TAKES, check_combo
+from .runner import engine_errors
 from .types import CATEGORY, PREFIX, Qwen3TTSModel
 
 DTYPES = ["auto", "bf16", "fp16", "fp32"]
@@ -115,7 +116,13 @@ class LoadQwen3TTS(io.ComfyNode):
         key = engine_cache.EngineKey(model_dir=os.path.realpath(model_dir), device=engine_cache.comfy_device(),
                                      dtype=dtype, cuda_graphs=cuda_graphs, triton=triton, max_takes=int(max_takes),
                                      codec_dir=codec_dir)
-        engine = engine_cache.acquire(key)
+        try:
+            with engine_errors("LoadQwen3TTS"):  # a broken checkpoint: the engine's message, naming this node
+                engine = engine_cache.acquire(key)
+        except OSError as exc:
+            raise RuntimeError(f"LoadQwen3TTS: could not read the checkpoint {model_dir} ({exc.strerror or exc}"
+                               f"{': ' + str(exc.filename) if exc.filename else ''}); check that the folder and its "
+                               "files are readable.") from exc
         info = _describe(engine, name)
         ref = engine_cache.ModelRef(key=key, name=name, model_type=engine.model_type)
         return io.NodeOutput(ref, info, ui={"text": [info]})

@@ -376,6 +376,23 @@ def test_voice_path_errors_are_node_messages(comfy, monkeypatch):
     assert not [f for f in os.listdir(voices) if "Bob" in f], "the temporary file is removed"
 
 
+@pytest.mark.engine
+def test_loader_errors_are_node_messages(comfy, monkeypatch):
+    """A folder that is no loadable checkpoint, or files that cannot be read: errors naming LoadQwen3TTS."""
+    loader = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "LoadQwen3TTS"]
+    with pytest.raises(RuntimeError, match="^LoadQwen3TTS: "):  # the fixture's config.json is '{}'
+        loader.execute("Qwen3-TTS-12Hz-0.6B-CustomVoice", "fp32", "off", "off", 1)
+    cache = _pack_module("engine_cache")
+
+    def unreadable(key):
+        raise PermissionError(13, "Permission denied", os.path.join(key.model_dir, "model.safetensors"))
+
+    monkeypatch.setattr(cache, "acquire", unreadable)
+    with pytest.raises(RuntimeError, match="^LoadQwen3TTS: could not read the checkpoint .*Permission denied: .*"
+                                           "model.safetensors\\); check that"):
+        loader.execute("Qwen3-TTS-12Hz-0.6B-CustomVoice", "fp32", "off", "off", 1)
+
+
 def test_download_without_network_says_where_to_put_the_files(comfy, monkeypatch):
     """No network (simulated: nothing may leave this machine): the error names the repo and the folder."""
     import huggingface_hub
