@@ -191,7 +191,7 @@ def _reference_rate(sr) -> int:
     if not math.isfinite(rate) or rate != int(rate) or not MIN_REFERENCE_RATE <= rate <= MAX_REFERENCE_RATE:
         raise ReferenceAudioError(
             f"reference audio has an invalid sample rate ({sr!r}); it must be a whole number of Hz from "
-            f"{MIN_REFERENCE_RATE} to {MAX_REFERENCE_RATE}. Check the file's header or the node that produced it."
+            f"{MIN_REFERENCE_RATE} to {MAX_REFERENCE_RATE}. Check the file's header or whatever produced the audio."
         )
     return int(rate)
 
@@ -218,7 +218,7 @@ def _waveform(x) -> np.ndarray:
             "From a ComfyUI AUDIO batch [B, C, T] pass one item."
         )
     if x.size == 0:
-        raise ReferenceAudioError("reference audio is empty (no samples); check the file or the node that produced it.")
+        raise ReferenceAudioError("reference audio is empty (no samples); check the file or whatever produced it.")
     if x.ndim == 2 and x.shape[0] > MAX_CHANNELS:
         raise ReferenceAudioError(
             f"reference audio has shape {tuple(x.shape)}, i.e. {x.shape[0]} channels. Pass it as [channels, T]; "
@@ -235,7 +235,7 @@ def validate_reference(x, sr: int) -> int:
     sr = _reference_rate(sr)
     if not np.isfinite(x).all():
         raise ReferenceAudioError(
-            "reference audio contains NaN or Inf samples; re-export it or check the node that produced it."
+            "reference audio contains NaN or Inf samples; re-export it or check whatever produced it."
         )
     seconds = x.shape[-1] / float(sr)
     if seconds < MIN_REFERENCE_SECONDS:

@@ -22,9 +22,10 @@ def integer(name: str, value, what: str = "a whole number") -> int:
 
 def whole_number(name: str, value, lo: int, hi: int, hint: str = "") -> int:
     """`value` as an int in [lo, hi] (see `integer`)."""
-    value = integer(name, value, f"a whole number between {lo} and {hi}")
+    span = f"between {lo} and {hi}" if lo < hi else f"exactly {lo}"  # never "between 1 and 1"
+    value = integer(name, value, f"a whole number {span}")
     if not lo <= value <= hi:
-        raise InvalidInputError(f"{name} must be between {lo} and {hi} (got {value}). {hint}".rstrip())
+        raise InvalidInputError(f"{name} must be {span} (got {value}). {hint}".rstrip())
     return value
 
 

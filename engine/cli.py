@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 
-
 def _cache_dir() -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "qwen3-tts-fast"
@@ -24,48 +23,177 @@ def tiny_checkpoint(model_type: str) -> Path:
     return path
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default: the value itself, or the words of its help where the default
+    depends on the checkpoint (help text that says 'default' already)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS or "default" in text.lower():
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return text + " (default: off)"
+        return text + " (default: %(default)s)"
+
+
 def _parser() -> argparse.ArgumentParser:
     from .prompt import DEFAULT_NON_STREAMING
+    from .limits import MAX_TAKES
 
     official = ", ".join(f"{mode}: {'on' if on else 'off'}" for mode, on in DEFAULT_NON_STREAMING.items())
-    p = argparse.ArgumentParser(prog="python -m engine", description="Qwen3-TTS-12Hz inference engine")
+    p = argparse.ArgumentParser(prog="python -m engine", description="Qwen3-TTS-12Hz inference engine",
+                                formatter_class=_HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("synth", help="synthesise speech to WAV")
-    s.add_argument("--model", type=Path, help="checkpoint directory; without it a tiny RANDOM checkpoint is used (noise)")
+    s = sub.add_parser("synth", help="synthesise speech to WAV", formatter_class=_HelpFormatter,
+                       description="Synthesise speech to WAV files and print one JSON line of timings.")
+    s.add_argument("--model", type=Path, help="checkpoint directory (default: a tiny RANDOM-weight checkpoint, "
+                                              "which speaks noise)")
     s.add_argument("--codec-dir", type=Path, help="codec to use: a checkpoint folder with speech_tokenizer/, or that "
                    "folder itself (default: the checkpoint's own, else a compatible sibling checkpoint's)")
-    s.add_argument("--mode", choices=["custom", "design", "clone"], help="default: the checkpoint's own mode")
-    s.add_argument("--text", default="Hello from Qwen3-TTS Fast. This is a test of the engine.")
-    s.add_argument("--language", default="auto")
-    s.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the first one)")
-    s.add_argument("--instruct", default=None)
-    s.add_argument("--ref-audio", type=Path, help="reference WAV for clone mode")
-    s.add_argument("--ref-text", default=None, help="transcript of the reference (turns on ICL cloning)")
+    s.add_argument("--mode", choices=["custom", "design", "clone"],
+                   help="custom (CustomVoice checkpoint), design (VoiceDesign) or clone (Base) (default: the "
+                        "checkpoint's own mode)")
+    s.add_argument("--text", default="Hello from Qwen3-TTS Fast. This is a test of the engine.",
+                   help="the text to speak")
+    s.add_argument("--language", default="auto", help="language of the text, or auto to let the model decide")
+    s.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the checkpoint's first one)")
+    s.add_argument("--instruct", default=None, help="style instruction (custom) or voice description (design) "
+                                                    "(default: none; design: 'A calm, clear voice.')")
+    s.add_argument("--ref-audio", type=Path, help="reference WAV for clone mode (default: a synthetic 3 s tone, "
+                                                  "useful on random weights only)")
+    s.add_argument("--ref-text", default=None, help="transcript of the reference; turns on ICL cloning "
+                                                    "(default: none, x-vector cloning)")
     s.add_argument("--xvec-only", action="store_true", help="clone from the speaker embedding only")
-    s.add_argument("--takes", type=int, default=1)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--takes", type=int, default=1, help=f"takes generated at once, 1 to {MAX_TAKES}")
+    s.add_argument("--seed", type=int, default=0, help="random seed: the same seed, text and settings give the "
+                                                       "same audio")
     s.add_argument("--first-take", type=int, default=0,
-                   help="take i of this run is take first_take + i of the seed: --takes 1 --first-take 3 "
+                   help="take i of this run is take (first take + i) of the seed: --takes 1 --first-take 3 "
                         "re-renders take 3 of a --takes 4 run with the same seed")
     s.add_argument("--non-streaming-mode", choices=["on", "off"], default=None,
                    help="on: the whole text is in the prompt; off: it is fed alongside the frames. "
                         f"Default: the official package's default for the mode ({official})")
-    s.add_argument("--greedy", action="store_true")
-    s.add_argument("--max-new-tokens", type=int, default=None)
-    for flag, kind in (("--temperature", float), ("--top-k", int), ("--top-p", float),
-                       ("--repetition-penalty", float)):
-        s.add_argument(flag, type=kind, default=None, help="default: the checkpoint's generation_config.json")
-    s.add_argument("--voice", type=Path, help="clone mode: a voice file saved by Voice.save / SaveVoice "
-                                              "(instead of --ref-audio)")
-    s.add_argument("--device", default="auto")
-    s.add_argument("--dtype", default="auto")
-    s.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"])
-    s.add_argument("--triton", default="auto", choices=["auto", "on", "off"])
-    s.add_argument("--out", type=Path, default=Path("out.wav"), help="one file per take: out.wav or out_take<i>.wav")
-    s.add_argument("--codes-out", type=Path, help="write codes as an int array [takes, frames, 16] (.npy)")
+    s.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    s.add_argument("--max-new-tokens", type=int, default=None,
+                   help="most codec frames to generate, 12.5 a second (default: the checkpoint's "
+                        "generation_config.json; 64 on random weights)")
+    for flag, kind, what in (("--temperature", float, "sampling temperature"), ("--top-k", int, "top-k sampling"),
+                             ("--top-p", float, "nucleus sampling"),
+                             ("--repetition-penalty", float, "repetition penalty")):
+        s.add_argument(flag, type=kind, default=None, help=f"{what} (default: the checkpoint's "
+                                                           "generation_config.json)")
+    s.add_argument("--voice", type=Path, help="clone mode: a voice file saved by Voice.save / SaveVoice, instead "
+                                              "of --ref-audio (default: none)")
+    s.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)")
+    s.add_argument("--dtype", default="auto", help="bf16, fp16, fp32, or auto (bf16 on a GPU that supports it, "
+                                                   "else fp32)")
+    s.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"],
+                   help="capture the decode step as CUDA graphs (GPU only); on: an error where impossible")
+    s.add_argument("--triton", default="auto", choices=["auto", "on", "off"],
+                   help="fused Triton kernels (GPU only); on: an error where unavailable")
+    s.add_argument("--out", type=Path, default=Path("out.wav"), help="WAV output; with several takes one file "
+                                                                     "per take, out_take<i>.wav")
+    s.add_argument("--codes-out", type=Path, help="also write the codes as an int array [takes, frames, 16] to "
+                                                  "this .npy file (default: not written)")
     s.add_argument("--stream", action="store_true", help="stream chunks and report time to first audio")
-    s.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk (12.5 frames a second)")
+    s.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk, with --stream (12.5 "
+                   "frames a second)")
     return p
+
+
+def wav_paths(args) -> list[Path]:
+    """The WAV files a run writes: --out, or one file per take."""
+    if args.takes == 1:
+        return [args.out]
+    return [args.out.with_name(f"{args.out.stem}_take{i}{args.out.suffix}") for i in range(args.takes)]
+
+
+def codes_path(args) -> Path | None:
+    """The .npy file --codes-out writes (numpy adds the extension when the name has none)."""
+    if args.codes_out is None:
+        return None
+    return args.codes_out if args.codes_out.suffix == ".npy" else Path(f"{args.codes_out}.npy")
+
+
+def _check_writable(option: str, path: Path) -> None:
+    """An output file must be creatable before anything is synthesised: its folder exists and is writable, and
+    the path is not a folder."""
+    from .errors import OutputPathError
+
+    folder = path.parent
+    if path.is_dir():
+        raise OutputPathError(f"{option} {path} is a folder; give a file name, e.g. {path / 'out.wav'}.")
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise OutputPathError(f"{option} {path}: the folder {folder} {what}. Create it first (mkdir -p {folder}) "
+                              "or choose a file in an existing folder.")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OutputPathError(f"{option} {path} exists and is read-only; choose another file or make it writable.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{option} {path}: the folder {folder} is not writable; choose a folder you can "
+                              "write to.")
+
+
+def _model_type(model_dir: Path) -> str | None:
+    """tts_model_type of a checkpoint's config.json, or None where unreadable (the load then says why)."""
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return cfg.get("tts_model_type") if isinstance(cfg, dict) else None
+
+
+def check_args(args) -> None:
+    """Every option the user typed, checked before anything is loaded or synthesised; errors name the option."""
+    from . import checks
+    from .errors import InvalidInputError, ModeError
+    from .prompt import CHECKPOINT_OF_MODE, MODE_OF_MODEL
+    from .limits import MAX_TAKES, SEED_MAX, TAKE_STREAMS
+    from .sampling import MAX_NEW_TOKENS, MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
+
+    checks.whole_number("--takes", args.takes, 1, MAX_TAKES)
+    checks.whole_number("--seed", args.seed, 0, SEED_MAX)
+    last = TAKE_STREAMS - args.takes
+    checks.whole_number("--first-take", args.first_take, 0, last,
+                        f"Take indices end at {TAKE_STREAMS - 1}, so with --takes {args.takes} the first take is "
+                        f"at most {last}." if args.first_take > last else "")
+    checks.whole_number("--chunk-frames", args.chunk_frames, 1, MAX_NEW_TOKENS, "8 frames (0.64 s) is typical.")
+    if args.max_new_tokens is not None:
+        checks.whole_number("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS,
+                            "It caps the codec frames of one take (12.5 per second).")
+    for name, hi, hint in (("temperature", MAX_TEMPERATURE, ("Around 0.9 is typical; for deterministic output use "
+                                                             "--greedy instead of 0.")),
+                           ("top_p", 1.0, "1.0 disables nucleus sampling."),
+                           ("repetition_penalty", MAX_REPETITION_PENALTY, "1.0 disables it; around 1.05 is typical.")):
+        if getattr(args, name) is not None:
+            checks.real_number("--" + name.replace("_", "-"), getattr(args, name), 0.0, hi, lo_open=True, hint=hint)
+    if args.top_k is not None:
+        checks.whole_number("--top-k", args.top_k, 0, MAX_TOP_K, "0 disables top-k; around 50 is typical.")
+
+    for option, path in (("--model", args.model), ("--codec-dir", args.codec_dir)):
+        if path is not None and not path.is_dir():
+            raise InvalidInputError(f"{option} {path} is not a folder; give the checkpoint directory (the one that "
+                                    "holds config.json).")
+    for option, path in (("--ref-audio", args.ref_audio), ("--voice", args.voice)):
+        if path is not None and not path.is_file():
+            raise InvalidInputError(f"{option} {path} does not exist or is not a file.")
+    if args.model is not None and args.mode is not None:
+        model_type = _model_type(args.model)
+        native = MODE_OF_MODEL.get(model_type)
+        if native is not None and native != args.mode:
+            wanted = CHECKPOINT_OF_MODE[args.mode]
+            raise ModeError(f"--mode {args.mode} needs a {wanted} checkpoint, but --model {args.model} is a "
+                            f"{model_type} checkpoint (mode {native}). Leave --mode out, or give --model a "
+                            f"{wanted} checkpoint.")
+
+    outputs = [("--out", p) for p in wav_paths(args)]
+    if codes_path(args) is not None:
+        outputs.append(("--codes-out", codes_path(args)))
+    for option, path in outputs:
+        _check_writable(option, path)
+    if len({os.path.abspath(p) for _, p in outputs}) < len(outputs):
+        raise InvalidInputError(f"--codes-out {args.codes_out} would overwrite a WAV file of --out; choose another "
+                                "name.")
 
 
 def _reference(args):
@@ -82,28 +210,45 @@ def _reference(args):
     return tone.astype(np.float32)[None], 24000
 
 
+def _write(option: str, path: Path, save, *args) -> None:
+    """Run save(*args); a failure the checks could not foresee (a full disk, a folder removed meanwhile) is an
+    OutputPathError naming the option, not a traceback."""
+    from .errors import OutputPathError
+
+    try:
+        save(*args)
+    except OSError as exc:
+        raise OutputPathError(f"{option}: could not write {path} ({exc.strerror or exc}); free some space or "
+                              "choose another path.") from exc
+
+
 def synth(args) -> dict:
     import numpy as np
     import torch
 
     from . import audio
+    from .checkpoint.writer import MANIFEST, is_random_checkpoint
     from .engine import Engine
     from .prompt import DEFAULT_NON_STREAMING, MODE_OF_MODEL, Request
     from .voice import Voice
 
-    random_weights = args.model is None
+    tiny = args.model is None
     model_type = {m: t for t, m in MODE_OF_MODEL.items()}[args.mode or "custom"]
-    model_dir = tiny_checkpoint(model_type) if random_weights else args.model
-    if random_weights:
+    model_dir = tiny_checkpoint(model_type) if tiny else args.model
+    if tiny:
         print(f"note: no --model given; using a tiny RANDOM-weight {model_type} checkpoint at {model_dir}. "
               "The audio is noise, not speech.", file=sys.stderr)
+    elif is_random_checkpoint(model_dir):
+        print(f"note: --model {model_dir} holds RANDOM weights (its {MANIFEST} says so). The audio is "
+              "noise, not speech.", file=sys.stderr)
     t_load = time.perf_counter()
-    takes = min(max(args.takes, 1), 16)  # generate() checks args.takes itself
+    takes = args.takes  # check_args kept it in 1..MAX_TAKES
     # The takes' graphs are captured in the load (as the loader node does), so the timings' generation is the
     # request alone.
     engine = Engine.load(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                          triton=args.triton, max_takes=takes, warm_takes=takes, codec_dir=args.codec_dir)
     load_s = time.perf_counter() - t_load
+    random_weights = is_random_checkpoint(model_dir) or is_random_checkpoint(engine.info.codec_dir)
     mode = args.mode or MODE_OF_MODEL[engine.model_type]
     params = engine.defaults
     if args.greedy:
@@ -119,7 +264,7 @@ def synth(args) -> dict:
         voice = Voice.load(args.voice)
     elif mode == "clone":
         wav, sr = _reference(args)
-        ref_text = None if args.xvec_only else (args.ref_text or ("This is the reference." if random_weights else None))
+        ref_text = None if args.xvec_only else (args.ref_text or ("This is the reference." if tiny else None))
         voice = engine.extract_voice(wav, sr, ref_text=ref_text)
     speaker = args.speaker or (engine.speakers[0] if mode == "custom" and engine.speakers else None)
     instruct = args.instruct if args.instruct is not None else ("A calm, clear voice." if mode == "design" else None)
@@ -146,16 +291,15 @@ def synth(args) -> dict:
     wall = time.perf_counter() - t0
 
     outs = []
-    for i, row in enumerate(audio_rows):
-        path = args.out if args.takes == 1 else args.out.with_name(f"{args.out.stem}_take{i}{args.out.suffix}")
-        audio.save_wav(path, row.numpy(), 24000)
+    for path, row in zip(wav_paths(args), audio_rows):
+        _write("--out", path, audio.save_wav, path, row.numpy(), 24000)
         outs.append(str(path))
     if args.codes_out is not None:
         frames = max(c.shape[0] for c in codes)
         arr = np.zeros((len(codes), frames, 16), dtype=np.int64)
         for i, c in enumerate(codes):
             arr[i, : c.shape[0]] = c.numpy()
-        np.save(args.codes_out, arr)
+        _write("--codes-out", codes_path(args), np.save, codes_path(args), arr)
     audio_s = sum(r.numel() for r in audio_rows) / 24000.0
     frames_total = max(c.shape[0] for c in codes)
     return {
@@ -175,6 +319,7 @@ def main(argv=None) -> int:
     from .errors import Qwen3TTSError
 
     try:
+        check_args(args)  # before any load or synthesis: a wrong option or output path loses no work
         result = synth(args)
     except Qwen3TTSError as exc:
         print(f"error: {exc}", file=sys.stderr)

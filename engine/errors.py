@@ -30,6 +30,11 @@ class VoiceError(Qwen3TTSError, ValueError):
     """A voice file is not ours, is corrupted, or belongs to another model size or family."""
 
 
+class OutputPathError(Qwen3TTSError, ValueError):
+    """A file the caller asked for cannot be written there: its folder is missing, the path is a folder, or the
+    folder is not writable. Checked before any synthesis, so no work is lost."""
+
+
 class UnsupportedConfigError(Qwen3TTSError):
     """An accelerator or device option was forced on where it cannot run."""
 

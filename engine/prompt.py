@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("custom", "design", "clone")
 MODE_OF_MODEL = {"custom_voice": "custom", "voice_design": "design", "base": "clone"}
-NODE_OF_MODE = {"custom": "CustomVoice", "design": "VoiceDesign", "clone": "VoiceClone"}
+CHECKPOINT_OF_MODE = {"custom": "CustomVoice", "design": "VoiceDesign", "clone": "Base"}
 DEFAULT_NON_STREAMING = {"custom": True, "design": True, "clone": False}
 
 
@@ -103,8 +103,7 @@ def check_mode(cfg: ModelConfig, mode: str) -> None:
     if mode != native:
         raise ModeError(
             f"this is a {cfg.tts_model_type} checkpoint, which cannot do '{mode}'. "
-            f"Use the {NODE_OF_MODE[native]} node (mode '{native}') with it, or load a "
-            f"{ {'custom': 'CustomVoice', 'design': 'VoiceDesign', 'clone': 'Base'}[mode] } checkpoint."
+            f"Use mode '{native}' with it, or load a {CHECKPOINT_OF_MODE[mode]} checkpoint for '{mode}'."
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..engine.errors import ModeError
 from ..engine.limits import MAX_TAKES, SEED_MAX, TAKE_STREAMS
 from . import sampling
-from .comfy_api_compat import advanced, io
+from .comfy_api_compat import io
 from .text_split import DEFAULT_MAX_UNITS
 from .types import Qwen3TTSModel
 
@@ -45,10 +45,11 @@ def takes_input() -> io.Input:
 
 
 def first_take_input() -> io.Input:
-    return advanced(io.Int.Input(
+    # Not folded under "advanced": the example workflows' Notes tell users to set it next to seed and takes.
+    return io.Int.Input(
         "first_take", default=0, min=0, max=FIRST_TAKE_MAX, optional=True,
         tooltip="Take i of this run is take first_take + i of the seed. To render take 3 of a run again on "
-                "its own (longer text, another chunk size), keep the seed and set takes 1, first_take 3."))
+                "its own (longer text, another chunk size), keep the seed and set takes 1, first_take 3.")
 
 
 def advanced_inputs() -> list[io.Input]:

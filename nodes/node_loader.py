@@ -6,6 +6,7 @@ import os
 from . import comfy_paths, engine_cache, paths
 from .comfy_api_compat import io
 from .common import MAX_TAKES, check_combo
+from .runner import engine_errors
 from .types import CATEGORY, PREFIX, Qwen3TTSModel
 
 DTYPES = ["auto", "bf16", "fp16", "fp32"]
@@ -21,11 +22,15 @@ def _codec_options() -> list[str]:
 
 
 def _describe(engine, name: str) -> str:
+    from ..engine.checkpoint.writer import is_random_checkpoint
+
     info = engine.info
     kernels = ", ".join(info.kernels) if info.kernels else "none"
-    lines = [f"{name}: {info.model_type} {info.model_size}",
-             f"device {info.device}, dtype {info.dtype}, CUDA graphs {'on' if info.cuda_graphs else 'off'}",
-             f"kernels: {kernels}"]
+    lines = [f"{name}: {info.model_type} {info.model_size}"]
+    if is_random_checkpoint(info.model_dir) or is_random_checkpoint(info.codec_dir):
+        lines.append("RANDOM weights (a test checkpoint): the audio is noise, not speech")
+    lines += [f"device {info.device}, dtype {info.dtype}, CUDA graphs {'on' if info.cuda_graphs else 'off'}",
+              f"kernels: {kernels}"]
     lines += [f"note: {n}" for n in info.notes]
     return "\n".join(lines)
 
@@ -112,7 +117,13 @@ class LoadQwen3TTS(io.ComfyNode):
         key = engine_cache.EngineConfig(model_dir=os.path.realpath(model_dir), device=engine_cache.comfy_device(),
                                         dtype=dtype, cuda_graphs=cuda_graphs, triton=triton, max_takes=int(max_takes),
                                         codec_dir=codec_dir, warm_takes=int(max_takes))
-        engine = engine_cache.acquire(key)
+        try:
+            with engine_errors("LoadQwen3TTS"):  # a broken checkpoint: the engine's message, naming this node
+                engine = engine_cache.acquire(key)
+        except OSError as exc:
+            raise RuntimeError(f"LoadQwen3TTS: could not read the checkpoint {model_dir} ({exc.strerror or exc}"
+                               f"{': ' + str(exc.filename) if exc.filename else ''}); check that the folder and its "
+                               "files are readable.") from exc
         info = _describe(engine, name)
         ref = engine_cache.ModelRef(key=key, name=name, model_type=engine.model_type)
         return io.NodeOutput(ref, info, ui={"text": [info]})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from . import common
+from . import common, paths
 from .comfy_api_compat import io
 from .script_cast import VOICE_SLOTS, line_requests
 from .script_parse import ScriptError, Utterance, check_names, parse_cast, parse_script
@@ -89,7 +89,9 @@ class SaveSubtitles(io.ComfyNode):
             is_output_node=True,
             inputs=[io.String.Input("subtitles", force_input=True, tooltip="SRT text from the Script node."),
                     io.String.Input("filename_prefix", default="qwen3tts/subtitles",
-                                    tooltip="Path under the output folder, without extension.")],
+                                    tooltip="Path under the output folder, without extension; a folder alone "
+                                            "('qwen3tts/') saves as subtitles in it. Every run writes a new "
+                                            "numbered file.")],
             outputs=[])
 
     @classmethod
@@ -97,9 +99,22 @@ class SaveSubtitles(io.ComfyNode):
         import folder_paths
 
         out_dir = folder_paths.get_output_directory()
-        folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(filename_prefix, out_dir)
+        prefix = paths.subtitle_prefix(filename_prefix)
+        try:
+            folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(prefix, out_dir)
+        except OSError as exc:
+            raise RuntimeError(f"SaveSubtitles: cannot use the folder of {prefix!r} under {out_dir} "
+                               f"({exc.strerror or exc}); choose another filename_prefix.") from exc
+        except Exception as exc:  # ComfyUI refuses a prefix that leaves the output folder with a bare Exception
+            raise ValueError(f"SaveSubtitles: filename_prefix {filename_prefix!r} points outside the output "
+                             f"folder {out_dir}; use a path under it, e.g. qwen3tts/subtitles.") from exc
         fname = f"{name}_{counter:05}_.srt"
-        with open(os.path.join(folder, fname), "w", encoding="utf-8") as f:
-            f.write(subtitles)
+        path = os.path.join(folder, fname)
+        try:
+            with open(path, "x", encoding="utf-8") as f:  # "x": never replace a file, even one made meanwhile
+                f.write(subtitles)
+        except OSError as exc:
+            raise RuntimeError(f"SaveSubtitles: could not write {path} ({exc.strerror or exc}); check that the "
+                               "output folder is writable and has space.") from exc
         return io.NodeOutput(ui={"text": [os.path.join(subfolder, fname)],
                                  "subtitles": [{"filename": fname, "subfolder": subfolder, "type": "output"}]})

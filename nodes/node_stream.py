@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import time
 
 from ..engine.errors import InvalidInputError, ModeError
 from . import common
@@ -10,8 +12,26 @@ from .runner import Job
 from .types import CATEGORY, EVENT, PREFIX, Qwen3TTSVoice
 
 
+def _queued_ms(server, prompt_id) -> int | None:
+    """When ComfyUI queued the running prompt `prompt_id` (its extra_data create_time, ms of the server's wall
+    clock), or None where this ComfyUI does not record it."""
+    queue = getattr(server, "prompt_queue", None)
+    running = getattr(queue, "currently_running", None)
+    if prompt_id is None or not isinstance(running, dict):
+        return None
+    with getattr(queue, "mutex", None) or contextlib.nullcontext():
+        items = list(running.values())
+    for item in items:  # (number, prompt_id, prompt, extra_data, outputs, ...)
+        if isinstance(item, (tuple, list)) and len(item) > 3 and item[1] == prompt_id and isinstance(item[3], dict):
+            t = item[3].get("create_time")
+            return int(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
+    return None
+
+
 def _sender(node_id):
-    """Send one event to the client that queued the prompt (no-op without a server, e.g. in tests)."""
+    """Send one event to the client that queued the prompt (no-op without a server, e.g. in tests). The start
+    message carries when the prompt was queued and when it was sent (queued_ms, sent_ms: the server's clock), so
+    the player times first audio from the queue, as the user waits, not from the start of the stream."""
     try:
         from server import PromptServer
     except ImportError:
@@ -24,6 +44,9 @@ def _sender(node_id):
         data = {k: v for k, v in msg.items() if k != "pcm"}
         data["node"] = str(node_id)
         data["prompt_id"] = getattr(server, "last_prompt_id", None)
+        if msg.get("phase") == "start":
+            data["queued_ms"] = _queued_ms(server, data["prompt_id"])
+            data["sent_ms"] = int(time.time() * 1000)
         if "pcm" in msg:
             data["format"] = "f32le"
             data["pcm"] = base64.b64encode(msg["pcm"].contiguous().numpy().astype("<f4").tobytes()).decode("ascii")

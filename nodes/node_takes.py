@@ -1,23 +1,36 @@
 """PickTake: one take out of a batch, padding trimmed; its widget previews every take."""
 from __future__ import annotations
 
+import os
+
 from .audio_utils import pick_take, take_lengths, take_origin
-from .comfy_api_compat import io, ui
+from .comfy_api_compat import io
 from .types import CATEGORY, PREFIX
 
 
-def _preview_takes(audio: dict, cls) -> list[dict]:
+def _preview_takes(audio: dict) -> list[dict]:
     """Save every take (trimmed) to temp/ and describe it for the web takes widget: file, index, length and,
     when the batch carries its origin, the generator node, seed and take (the first_take that renders it
-    alone)."""
+    alone). The previews are WAV files with the take's own channels: ComfyUI's V3 save helper writes a mono
+    take as stereo at 0.707 (3 dB quieter than SaveAudio's file), so it is not used here."""
+    import folder_paths
+
+    from ..engine.audio import save_wav
+
     sr = int(audio["sample_rate"])
     out = []
     for i, length in enumerate(take_lengths(audio)):
         take = pick_take(audio, i)
-        saved = ui.AudioSaveHelper.save_audio(take, filename_prefix=f"qwen3tts_take{i}", cls=cls,
-                                              folder_type=io.FolderType.temp, format="flac")
-        out.append(dict(saved[0]) | {"index": i, "samples": length, "duration": round(length / sr, 3)}
-                   | (take_origin(audio, i) or {}))
+        folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(
+            f"qwen3tts_take{i}", folder_paths.get_temp_directory())
+        fname = f"{name}_{counter:05}_.wav"
+        try:
+            save_wav(os.path.join(folder, fname), take["waveform"][0], sr)
+        except OSError as exc:
+            raise RuntimeError(f"PickTake: could not write the preview {os.path.join(folder, fname)} "
+                               f"({exc.strerror or exc}); check that ComfyUI's temp folder is writable.") from exc
+        out.append({"filename": fname, "subfolder": subfolder, "type": "temp", "index": i, "samples": length,
+                    "duration": round(length / sr, 3)} | (take_origin(audio, i) or {}))
     return out
 
 
@@ -42,5 +55,5 @@ class PickTake(io.ComfyNode):
         n = audio["waveform"].shape[0]
         if index >= n:
             raise IndexError(f"PickTake: index {index} but the batch has {n} take(s) (0..{n - 1})")
-        takes = _preview_takes(audio, cls)
+        takes = _preview_takes(audio)
         return io.NodeOutput(pick_take(audio, int(index)), ui={"qwen3tts_takes": takes, "qwen3tts_picked": [index]})

@@ -77,24 +77,39 @@ class SaveVoice(io.ComfyNode):
 
     @classmethod
     def execute(cls, voice, name, overwrite) -> io.NodeOutput:
-        fname = paths.check_voice_name(name)
+        try:
+            fname = paths.check_voice_name(name)  # cleaned first: the overwrite check sees the real file name
+        except ValueError as exc:
+            raise InvalidInputError(f"SaveVoice: {exc}") from exc
+        saved = fname[: -len(paths.VOICE_EXT)]
         path = os.path.join(comfy_paths.voice_save_dir(), fname)
-        if os.path.exists(path) and not overwrite:
-            raise FileExistsError(f"SaveVoice: {path} exists; enable overwrite or choose another name")
+        replaced = os.path.exists(path)
+        if replaced and not overwrite:
+            raise InvalidInputError(f"SaveVoice: a voice named {saved!r} exists ({path}); enable overwrite or "
+                                    "choose another name")
         # A fresh, exclusively created temporary name (never a fixed one a link could be planted at, never
         # shared by two saves), renamed into place; removed again if the save fails.
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{fname}.", suffix=".tmp")
-        os.close(fd)
+        tmp = None
         try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{fname}.", suffix=".tmp")
+            os.close(fd)
             voice.save(tmp)
             os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        except BaseException as exc:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            if isinstance(exc, OSError):
+                raise RuntimeError(f"SaveVoice: could not write {path} ({exc.strerror or exc}); check that the "
+                                   "folder is writable and has space.") from exc
             raise
-        saved = fname[: -len(paths.VOICE_EXT)]
-        return io.NodeOutput(saved, ui={"text": [f"saved {path}"]})
+        notes = [f"saved {path}"]
+        if paths.clean_name(name) != name:
+            notes.append(f"the name {name!r} was saved as {saved!r} (spaces and control characters cleaned)")
+        if replaced:
+            notes.append(f"it replaced the voice {saved!r} saved before")
+        return io.NodeOutput(saved, ui={"text": ["; ".join(notes)]})
 
 
 class LoadVoice(io.ComfyNode):
@@ -122,15 +137,18 @@ class LoadVoice(io.ComfyNode):
         name = name_override or voice_name
         try:
             p = comfy_paths.find_voice(name)
-        except (FileNotFoundError, ValueError):
+            return f"{name}:{os.path.getmtime(p)}:{os.path.getsize(p)}"
+        except (OSError, ValueError):  # execute reports it
             return name
-        return f"{name}:{os.path.getmtime(p)}:{os.path.getsize(p)}"
 
     @classmethod
     def execute(cls, model, voice_name, name_override=None) -> io.NodeOutput:
         from ..engine import Voice
 
-        path = comfy_paths.find_voice(name_override or voice_name)
+        try:
+            path = comfy_paths.find_voice(name_override or voice_name)
+        except (FileNotFoundError, ValueError) as exc:
+            raise InvalidInputError(f"LoadVoice: {exc}") from exc
         engine = engine_cache.acquire(model.key)
         with engine_errors(f"LoadVoice: {path}"):
             voice = Voice.load(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import unicodedata
 
 FOLDER_KEY = "qwen3_tts"  # registered with folder_paths; extra_model_paths.yaml may add locations
 VOICES_SUBDIR = "voices"
@@ -93,13 +94,24 @@ def codec_choices(found: dict[str, str]) -> list[str]:
             if os.path.isfile(os.path.join(d, "speech_tokenizer", "config.json")) or _is_codec_folder(d)]
 
 
+def clean_name(name: str) -> str:
+    """A name as its file will be called: Unicode NFC, control and other invisible format characters removed,
+    every run of whitespace one space, no space at either end. Two names that differ only in those ways are the
+    same name, so they can never be two files that look alike (or overwrite each other unannounced)."""
+    text = unicodedata.normalize("NFC", str(name))
+    text = "".join(" " if ch.isspace() else ch for ch in text if ch.isspace() or unicodedata.category(ch)[0] != "C")
+    return " ".join(text.split())
+
+
 def check_voice_name(name: str) -> str:
-    """Return the file name for a voice name, or raise ValueError saying what is allowed."""
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError("voice name is empty")
-    name = name.strip()
+    """Return the file name for a voice name (see clean_name), or raise ValueError saying what is allowed."""
+    if not isinstance(name, str):
+        raise ValueError(f"voice name must be text (got {type(name).__name__})")
+    name = clean_name(name)
+    if not name:
+        raise ValueError("voice name is empty (spaces and control characters do not count); type a name")
     if name.endswith(VOICE_EXT):
-        name = name[: -len(VOICE_EXT)]
+        name = clean_name(name[: -len(VOICE_EXT)])
     if "/" in name or "\\" in name or ".." in name or not _VOICE_NAME.match(name):
         raise ValueError(
             f"invalid voice name {name!r}: use letters, digits, space, '_', '-' or '.', start with a letter or "
@@ -112,10 +124,26 @@ def list_voices(voice_dirs: list[str]) -> list[str]:
     """Voice names (without extension) found in the voice folders."""
     names = set()
     for d in voice_dirs:
-        if os.path.isdir(d):
-            names.update(f[: -len(VOICE_EXT)] for f in os.listdir(d)
-                         if f.endswith(VOICE_EXT) and os.path.isfile(os.path.join(d, f)))
+        try:
+            files = os.listdir(d) if os.path.isdir(d) else []
+        except OSError:  # an unreadable folder holds no voices we can load; the node list must still build
+            continue
+        names.update(f[: -len(VOICE_EXT)] for f in files
+                     if f.endswith(VOICE_EXT) and os.path.isfile(os.path.join(d, f)))
     return sorted(names, key=str.lower)
+
+
+def subtitle_prefix(prefix: str, default_name: str = "subtitles") -> str:
+    """SaveSubtitles' filename_prefix made safe for ComfyUI's numbered names: every folder and the file name
+    cleaned (clean_name), empty parts dropped, and a prefix that names only a folder ('' or 'qwen3tts/') gets
+    `default_name`. ComfyUI numbers files per file name; with an empty name it finds no earlier number and
+    would write the same file every run."""
+    parts = [clean_name(part) for part in re.split(r"[/\\]", str(prefix))]
+    ends_in_folder = not parts[-1]
+    parts = [part for part in parts if part]
+    if ends_in_folder or not parts:
+        parts.append(default_name)
+    return "/".join(parts)
 
 
 def repo_target(models_dir: str, repo: str) -> str:

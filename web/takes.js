@@ -37,8 +37,10 @@ function pinGenerator(node, take) {
       "'fixed' yourself, or the next queue makes new takes." };
   }
   const name = gen.title || gen.type.slice(PREFIX.length);
-  const seedInput = gen.inputs?.find((i) => i.name === "seed");
-  if (seedInput && seedInput.link != null) {
+  // The frontend's connectivity API (input.link is deprecated since frontend 1.58; isInputConnected exists in
+  // every frontend ComfyUI 0.3.75 runs with).
+  const seedSlot = gen.inputs?.findIndex((i) => i.name === "seed") ?? -1;
+  if (seedSlot >= 0 && gen.isInputConnected?.(seedSlot)) {
     return { warn: true, text: `${name}'s seed comes from a link: keep that value fixed, or the next queue ` +
       "makes new takes." };
   }

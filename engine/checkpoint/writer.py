@@ -214,3 +214,12 @@ def ensure_random_checkpoint(out_dir: str | Path, size: str, model_type: str, **
         return False
     write_random_checkpoint(out_dir, size, model_type, **options)
     return True
+
+
+def is_random_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a checkpoint folder written here (its manifest says the weights are random), or the codec
+    folder inside one. Every front end reports such a model as random weights, since it speaks noise."""
+    from .codec_source import CODEC_SUBDIR
+
+    p = Path(path)
+    return (p / MANIFEST).is_file() or (p.name == CODEC_SUBDIR and (p.parent / MANIFEST).is_file())

@@ -100,7 +100,30 @@ def test_generators_share_inputs(comfy):
     for name in ("VoiceClone", "CustomVoice", "VoiceDesign", "StreamChunks"):
         first = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + name].GET_NODE_INFO_V1()["input"]["optional"]["first_take"]
         assert first[0] == "INT" and first[1]["default"] == 0 and first[1]["min"] == 0
-        assert first[1]["max"] == 2**32 - 1 and first[1]["advanced"] is True, name
+        # not folded under "advanced" (Nodes 2.0 hides those): the example Notes tell users to set it
+        assert first[1]["max"] == 2**32 - 1 and not first[1].get("advanced"), name
+
+
+def test_inputs_the_example_notes_name_are_not_folded_under_advanced(comfy):
+    """An input a workflow's Note tells users to set must be visible on the node in every renderer (Nodes 2.0
+    folds inputs marked advanced away)."""
+    import re
+
+    named = 0
+    for path in sorted((PACK / "example_workflows").glob("*.json")):
+        wf = json.loads(path.read_text())
+        notes = " ".join(n["widgets_values"][0] for n in wf["nodes"] if n["type"] == "Note")
+        words = set(re.findall(r"[a-z_]+", notes))
+        for node in wf["nodes"]:
+            cls = comfy["nodes"].NODE_CLASS_MAPPINGS.get(node["type"])
+            if node["type"] == "Note" or cls is None or not node["type"].startswith(PREFIX):
+                continue
+            info = cls.GET_NODE_INFO_V1()["input"]
+            for name, spec in {**info.get("required", {}), **info.get("optional", {})}.items():
+                if name in words and "_" in name:  # widget names the Notes spell out (first_take, ref_text, ...)
+                    named += 1
+                    assert not (len(spec) > 1 and spec[1].get("advanced")), f"{path.name}: {name} is advanced"
+    assert named >= 2
 
 
 def test_output_nodes(comfy):
@@ -215,9 +238,160 @@ def test_pick_take_rejects_negative_index(comfy):
     assert ok is False
 
 
+def test_take_previews_play_at_the_level_saveaudio_saves(comfy):
+    """PickTake's previews are mono like the take and hold its samples; SaveAudio's file of the same take has the
+    same level (ComfyUI's V3 save helper would write mono as stereo at 0.707, 3 dB quieter)."""
+    import av
+    import folder_paths
+    import numpy as np
+
+    from _q3support import read_audio
+
+    au = _pack_module("audio_utils")
+    t = torch.arange(24000) / 24000
+    wav = torch.stack([0.5 * torch.sin(2 * torch.pi * 220 * t), 0.25 * torch.sin(2 * torch.pi * 330 * t)])
+    audio = au.make_audio(wav, [24000, 12000])
+    out = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "PickTake"].execute(audio, 1)
+    takes = out.ui["qwen3tts_takes"]
+    assert [t["index"] for t in takes] == [0, 1] and takes[1]["samples"] == 12000
+    saver = comfy["nodes"].NODE_CLASS_MAPPINGS["SaveAudio"]()
+    saved = saver.save_flac(out.result[0], filename_prefix="level_check")["ui"]["audio"][0]
+    ref, sr = read_audio(os.path.join(folder_paths.get_output_directory(), saved["subfolder"], saved["filename"]))
+    for take, expected in zip(takes, wav):
+        path = os.path.join(folder_paths.get_temp_directory(), take["subfolder"], take["filename"])
+        with av.open(path) as f:
+            assert f.streams.audio[0].channels == 1, "a mono take must be previewed as mono"
+        got, rate = read_audio(path)
+        assert rate == 24000 and np.abs(got - expected[: take["samples"]].numpy()).max() < 1.0 / 16000
+    preview, _ = read_audio(os.path.join(folder_paths.get_temp_directory(), takes[1]["subfolder"],
+                                         takes[1]["filename"]))
+    assert sr == 24000 and ref.shape == preview.shape
+    assert abs(20 * np.log10(np.sqrt(np.mean(preview**2)) / np.sqrt(np.mean(ref**2)))) < 0.01  # dB
+
+
+def test_stream_start_message_says_when_the_prompt_was_queued(comfy, monkeypatch):
+    """The player times first audio from the queue: the start message carries ComfyUI's create_time of the
+    running prompt and the server's send time, on the same clock."""
+    import time
+
+    import server
+
+    inst = server.PromptServer.instance
+    sent = []
+    monkeypatch.setattr(inst, "send_sync", lambda event, data, sid=None: sent.append((event, data)))
+    monkeypatch.setattr(inst, "last_prompt_id", "prompt-q", raising=False)
+    queued = int(time.time() * 1000) - 2500  # queued 2.5 s ago, behind other prompts and a model load
+    inst.prompt_queue.put((0, "prompt-q", {}, {"create_time": queued}, [], {}))
+    _, item_id = inst.prompt_queue.get()  # running now, as ComfyUI's worker takes it
+    try:
+        send = _pack_module("node_stream")._sender("5")
+        send({"phase": "start", "sample_rate": 24000, "segments": 1, "chunk_frames": 8})
+        send({"phase": "chunk", "seq": 0, "samples": 4, "pcm": torch.zeros(4)})
+    finally:
+        inst.prompt_queue.currently_running.pop(item_id)
+    start, chunk = [d for e, d in sent if e == "qwen3tts_fast.stream"]
+    assert start["prompt_id"] == "prompt-q" and start["queued_ms"] == queued
+    assert 2500 <= start["sent_ms"] - queued < 60_000
+    assert "queued_ms" not in chunk
+    monkeypatch.setattr(inst, "last_prompt_id", "not-running", raising=False)
+    send({"phase": "start", "sample_rate": 24000, "segments": 1, "chunk_frames": 8})
+    assert sent[-1][1]["queued_ms"] is None  # unknown: the player falls back to the prompt's start
+
+
 def _pack_module(suffix: str):
     # "." + suffix: the test modules of tests/nodes (test_unit_comfy_api_compat) must not match
     return next(m for name, m in sys.modules.items() if name.endswith("." + suffix) and "nodes" in name)
+
+
+@pytest.mark.parametrize("prefix,folder,name", [("", "", "subtitles"), ("qwen3tts/", "qwen3tts", "subtitles"),
+                                                 ("  qwen3tts / my\tsubs\x00 ", "qwen3tts", "my subs")])
+def test_save_subtitles_numbers_every_run_and_cleans_the_prefix(comfy, prefix, folder, name):
+    """A prefix that names only a folder (or nothing) still gets ComfyUI's numbered files: a new one each run."""
+    import folder_paths
+
+    node = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "SaveSubtitles"]
+    saved = [node.execute(f"1\n00:00:00,000 --> 00:00:01,000\nrun {i}\n", prefix).ui["subtitles"][0]
+             for i in range(2)]
+    assert saved[0]["filename"] != saved[1]["filename"], saved
+    for i, entry in enumerate(saved):
+        assert entry["subfolder"] == folder and entry["filename"].startswith(name + "_"), entry
+        path = os.path.join(folder_paths.get_output_directory(), entry["subfolder"], entry["filename"])
+        with open(path, encoding="utf-8") as f:
+            assert f.read().endswith(f"run {i}\n")
+
+
+@pytest.mark.parametrize("prefix", ["../outside/subs", "/"])
+def test_save_subtitles_path_errors_are_node_messages(comfy, prefix):
+    node = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "SaveSubtitles"]
+    if prefix == "/":  # a folder alone: saved as 'subtitles' in the output folder, never an error
+        assert node.execute("x", prefix).ui["subtitles"][0]["filename"].startswith("subtitles_")
+        return
+    with pytest.raises(ValueError, match="^SaveSubtitles: filename_prefix .* points outside the output folder"):
+        node.execute("x", prefix)
+
+
+class _FakeVoice:
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+    def save(self, path):
+        with open(path, "wb") as f:
+            f.write(self.payload)
+
+
+def test_voice_names_are_cleaned_before_the_overwrite_check(comfy):
+    """' Alice\t' is the voice 'Alice': with overwrite off it is refused, with overwrite on the node says it
+    replaced it; a name of only spaces and control characters is refused with a node message. (The pack's
+    InvalidInputError is a ValueError, imported under the pack's own module name.)"""
+    save = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "SaveVoice"]
+    voices = _pack_module("comfy_paths").voice_save_dir()
+    assert save.execute(_FakeVoice(b"first"), "Alice", True).result == ("Alice",)
+    for typed in (" Alice\t", "Alice\x00", "Al\u200bice", "Alice .safetensors"):
+        with pytest.raises(ValueError, match="^SaveVoice: a voice named 'Alice' exists"):
+            save.execute(_FakeVoice(b"second"), typed, False)
+    with open(os.path.join(voices, "Alice.safetensors"), "rb") as f:
+        assert f.read() == b"first"
+    out = save.execute(_FakeVoice(b"third"), " Alice\t", True)
+    assert out.result == ("Alice",)
+    text = out.ui["text"][0]
+    assert "was saved as 'Alice'" in text and "replaced the voice 'Alice'" in text, text
+    assert sorted(f for f in os.listdir(voices) if f.startswith("Al")) == ["Alice.safetensors"]
+    with pytest.raises(ValueError, match="^SaveVoice: voice name is empty"):
+        save.execute(_FakeVoice(b"x"), " \x00\t ", True)
+
+
+def test_voice_path_errors_are_node_messages(comfy, monkeypatch):
+    load = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "LoadVoice"]
+    with pytest.raises(ValueError, match="^LoadVoice: voice 'nobody' not found; looked for nobody.safetensors"):
+        load.execute(None, "nobody")
+    save = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "SaveVoice"]
+
+    def full_disk(path):
+        raise OSError(28, "No space left on device")
+
+    voice = _FakeVoice(b"")
+    monkeypatch.setattr(voice, "save", full_disk)
+    with pytest.raises(RuntimeError, match="^SaveVoice: could not write .*Bob.safetensors \\(No space left"):
+        save.execute(voice, "Bob", True)
+    voices = _pack_module("comfy_paths").voice_save_dir()
+    assert not [f for f in os.listdir(voices) if "Bob" in f], "the temporary file is removed"
+
+
+@pytest.mark.engine
+def test_loader_errors_are_node_messages(comfy, monkeypatch):
+    """A folder that is no loadable checkpoint, or files that cannot be read: errors naming LoadQwen3TTS."""
+    loader = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "LoadQwen3TTS"]
+    with pytest.raises(RuntimeError, match="^LoadQwen3TTS: "):  # the fixture's config.json is '{}'
+        loader.execute("Qwen3-TTS-12Hz-0.6B-CustomVoice", "fp32", "off", "off", 1)
+    cache = _pack_module("engine_cache")
+
+    def unreadable(key):
+        raise PermissionError(13, "Permission denied", os.path.join(key.model_dir, "model.safetensors"))
+
+    monkeypatch.setattr(cache, "acquire", unreadable)
+    with pytest.raises(RuntimeError, match="^LoadQwen3TTS: could not read the checkpoint .*Permission denied: .*"
+                                           "model.safetensors\\); check that"):
+        loader.execute("Qwen3-TTS-12Hz-0.6B-CustomVoice", "fp32", "off", "off", 1)
 
 
 def test_download_without_network_says_where_to_put_the_files(comfy, monkeypatch):
@@ -321,6 +495,7 @@ def test_finetuned_speaker_is_listed_and_a_repacked_folder_borrows_a_codec(comfy
             out = loader.execute("zz-tiny-sft", "fp32", "off", "off", 1, codec=codec)
             ref, text = out.result
             assert says in text and str(complete.resolve() / "speech_tokenizer") in text, text
+            assert "RANDOM weights" in text.splitlines()[1] and "noise" in text, text  # RANDOM_WEIGHTS.json
             assert cache.release(ref.key)
     finally:
         shutil.rmtree(repacked)

@@ -84,3 +84,39 @@ def test_checkpoint_speakers_and_codec_choices(tmp_path):
     (tmp_path / "broken" / "config.json").write_text("{not json")
     assert paths.checkpoint_speakers(found.values()) == ["My_Speaker", "ryan", "x"]
     assert paths.codec_choices(found) == ["cv", "base", "Qwen3-TTS-Tokenizer-12Hz"]
+
+
+@pytest.mark.parametrize("typed", ["Alice", " Alice", "Alice\t", "Alice\x00", "Al\u200bice", "\x1bAlice\x7f",
+                                   "Alice .safetensors", "Alice\u0085"])
+def test_voice_names_that_differ_only_in_spaces_or_control_characters_are_one_file(typed):
+    assert paths.check_voice_name(typed) == "Alice.safetensors"
+    assert paths.check_voice_name("my \t\n voice") == paths.check_voice_name("my voice") == "my voice.safetensors"
+
+
+@pytest.mark.parametrize("typed", ["", "   ", "\x00", " \t\x07\u200b ", ".safetensors"])
+def test_a_voice_name_of_nothing_but_spaces_or_control_characters_is_refused(typed):
+    with pytest.raises(ValueError, match="empty|invalid voice name"):
+        paths.check_voice_name(typed)
+
+
+@pytest.mark.parametrize("prefix,clean", [("qwen3tts/subtitles", "qwen3tts/subtitles"), ("", "subtitles"),
+                                          ("qwen3tts/", "qwen3tts/subtitles"), ("/", "subtitles"),
+                                          (" qwen3tts // my\tsubs\x00 ", "qwen3tts/my subs"),
+                                          ("a\\b\\", "a/b/subtitles"), (" \x00 ", "subtitles")])
+def test_subtitle_prefix_always_names_a_file(prefix, clean):
+    assert paths.subtitle_prefix(prefix) == clean
+
+
+def test_an_unreadable_voice_folder_is_skipped(tmp_path, monkeypatch):
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "a.safetensors").write_bytes(b"")
+    (tmp_path / "locked").mkdir()
+    real = os.listdir
+
+    def listdir(d):
+        if str(d).endswith("locked"):
+            raise PermissionError(13, "Permission denied")
+        return real(d)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    assert paths.list_voices([str(tmp_path / "locked"), str(tmp_path / "ok")]) == ["a"]

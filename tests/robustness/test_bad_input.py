@@ -1,4 +1,6 @@
 """Bad input gets a typed error that says what to do; nothing crashes and the engine stays usable."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -62,9 +64,21 @@ def test_design_on_non_voice_design_model(engines):
             engines[kind].generate(Request(mode="design", text="Hi.", instruct="calm"))
 
 
-def test_custom_on_base_names_the_right_node(engines):
-    with pytest.raises(ModeError, match="VoiceClone"):
+def test_custom_on_base_names_the_right_mode(engines):
+    """The engine speaks of modes and checkpoints; the nodes and the CLI name their own node or option."""
+    with pytest.raises(ModeError, match="Use mode 'clone' with it, or load a CustomVoice checkpoint") as exc:
         engines["base"].generate(custom())
+    assert "node" not in str(exc.value)
+
+
+@pytest.mark.parametrize("value,lo,hi,says", [(0, 1, 1, "takes must be exactly 1 (got 0)"),
+                                              (2, 1, 1, "takes must be exactly 1 (got 2)"),
+                                              (0, 1, 16, "takes must be between 1 and 16 (got 0)")])
+def test_range_messages_state_the_real_range(value, lo, hi, says):
+    from engine import checks
+
+    with pytest.raises(InvalidInputError, match=f"^{re.escape(says)}"):
+        checks.whole_number("takes", value, lo, hi)
 
 
 @pytest.mark.parametrize("wave,reason", [

@@ -97,7 +97,8 @@ RANGE = r" must be .*([\[(][^\]]*\]|between -?\d)"  # the message states the val
 
 
 def _numbers(cls, kind, name, values, hint, ok=(), surfaces=("engine", "cli", "node")):
-    hint = re.escape(name) + RANGE
+    # the argument's name, or the CLI option that carries it (--top-k for top_k, --chunk-size for chunk_frames)
+    hint = "(" + re.escape(name).replace("_", "[_-]") + ("|chunk-size" if name == "chunk_frames" else "") + ")" + RANGE
     for variant, value in values.items():
         case(cls, variant, kind, expect="ok" if variant in ok else "error", hint=hint, surfaces=surfaces,
              **{name: value})
@@ -121,7 +122,7 @@ _numbers("repetition_penalty", "sampling", "repetition_penalty",
 _numbers("chunk_frames (streaming)", "call", "chunk_frames", {"zero": 0, "negative": -2, "NaN": NAN, "inf": INF,
                                                               "too large": 2**40}, r"chunk_frames must be")
 for variant, value in {"negative": -2, "NaN": NAN, "inf": INF, "too large": 2**32, "fraction": 1.5}.items():
-    case("first_take", variant, "call", first_take=value, hint=r"first_take must be|Use a first_take of at most")
+    case("first_take", variant, "call", first_take=value, hint=r"first[_-]take must be|Use a first_take of at most")
 case("sampling switch: not a bool", "'yes'", "sampling", do_sample="yes", hint=r"do_sample must be True or False",
      surfaces=("engine",))
 
