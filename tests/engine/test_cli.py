@@ -165,7 +165,7 @@ def test_missing_output_folder_exits_cleanly_in_a_fresh_interpreter(tmp_path):
     (["--takes", "0"], "--takes must be between 1 and 16 (got 0)"),
     (["--takes", "17"], "--takes must be between 1 and 16 (got 17)"),
     (["--seed", "-1"], "--seed must be between 0 and 18446744073709551615 (got -1)"),
-    (["--chunk-size", "0"], "--chunk-size must be between 1 and"),
+    (["--chunk-frames", "0"], "--chunk-frames must be between 1 and"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be between 1 and"),
     (["--temperature", "0"], "--temperature must be a finite number in (0, 100] (got 0.0)"),
     (["--top-k", "-1"], "--top-k must be between 0 and"),

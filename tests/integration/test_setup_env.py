@@ -11,7 +11,7 @@ import venv
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = (ROOT / "scripts" / "setup_env.sh").read_text()
 
 

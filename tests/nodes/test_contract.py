@@ -245,7 +245,7 @@ def test_take_previews_play_at_the_level_saveaudio_saves(comfy):
     import folder_paths
     import numpy as np
 
-    from _q3support import read_audio
+    from tests.support._q3support import read_audio
 
     au = _pack_module("audio_utils")
     t = torch.arange(24000) / 24000

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from _q3support import PACK
+from tests.support._q3support import PACK
 
 WEB = PACK / "web"
 NODE = shutil.which("node")

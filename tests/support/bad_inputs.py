@@ -97,8 +97,8 @@ RANGE = r" must be .*([\[(][^\]]*\]|between -?\d)"  # the message states the val
 
 
 def _numbers(cls, kind, name, values, hint, ok=(), surfaces=("engine", "cli", "node")):
-    # the argument's name, or the CLI option that carries it (--top-k for top_k, --chunk-size for chunk_frames)
-    hint = "(" + re.escape(name).replace("_", "[_-]") + ("|chunk-size" if name == "chunk_frames" else "") + ")" + RANGE
+    # the argument's name, or the CLI option that carries it (--top-k for top_k, --chunk-frames for chunk_frames)
+    hint = "(" + re.escape(name).replace("_", "[_-]") + ("|chunk-frames" if name == "chunk_frames" else "") + ")" + RANGE
     for variant, value in values.items():
         case(cls, variant, kind, expect="ok" if variant in ok else "error", hint=hint, surfaces=surfaces,
              **{name: value})
