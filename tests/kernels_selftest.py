@@ -1,6 +1,6 @@
 """Checks of every kernel against its plain-torch reference, shared by tests/test_kernels.py (CPU,
 Triton interpreter) and tests/gpu/test_kernels_gpu.py (CUDA). Run on a GPU box with
-`python -m engine.kernels.selftest` for a quick pass over all shape classes.
+`python -m tests.kernels_selftest` for a quick pass over all shape classes.
 
 Tolerances (per element, |got - want| <= atol + rtol * |want|), about two ulps of the dtype: the kernels
 follow the torch path's rounding points, and what is left is the order of fp32 sums, rsqrt/exp
@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ._util import sm_count
+from engine.kernels._util import sm_count
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 # q/k after RoPE: a one-ulp difference of the normed value (sum order / rsqrt) survives the cancellation in
@@ -43,7 +43,7 @@ def _rand(shape, dtype, device, seed, scale=1.0, shift=0.0):
 
 
 def check_rms_norm(device, dtype, m, n, seed=0):
-    from . import rms_norm as k
+    from engine.kernels import rms_norm as k
 
     x = _rand((m, 1, n), dtype, device, seed, 2.0)
     w = _rand((n,), dtype, device, seed + 1, 0.5, 1.0)
@@ -60,7 +60,7 @@ def check_snake(device, dtype, b, c, length, seed=0, row_pad=0, bias=False, keep
     as after a folded conv; bias: a per-channel bias added first (a conv's, fused into the activation).
     keep / tail / pad: the result as a causal conv's input window, `keep` rows of context in front (a random
     tail, or zeros) and `pad` zero rows after; the context rows must be the tail's exactly."""
-    from . import snake as k
+    from engine.kernels import snake as k
 
     x = _rand((b, length + row_pad, c), dtype, device, seed, 3.0)[:, :length]
     freq = _rand((c,), torch.float32, "cpu", seed + 1, 0.5).exp().to(dtype).to(device)
@@ -85,7 +85,7 @@ def check_snake_conv1x1(device, dtype, b, c, length, seed=0, x_bias=False, row_p
     """A residual unit's second half, x [+ x_bias] + conv1x1(snake(h + h_bias)), against the torch ops.
     row_pad > 0: h and x are slices of time (batch rows at a stride), as a folded conv's and a transposed conv's
     outputs are."""
-    from . import snake_conv1x1 as k
+    from engine.kernels import snake_conv1x1 as k
 
     h = _rand((b, length + row_pad, c), dtype, device, seed, 3.0)[:, :length]
     x = _rand((b, length + row_pad, c), dtype, device, seed + 1, 2.0)[:, row_pad:]
@@ -124,8 +124,6 @@ LINEAR_SHAPES = [(4096, 1024, "rms_norm", False, False), (6144, 1024, "rms_norm"
                  (1024, 2048, "none", False, True)]
 
 
-MLP_SHAPES = [(1024, 3072), (2048, 6144)]  # the 0.6B talker and both predictors; the 1.7B talker
-
 # Deferred split-K sums (split_sum.py) as a decoder layer hands them on: (producer N, K, prologue) -> (consumer
 # N, prologue): down_proj into the next layer's qkv, the talker's o_proj into gate/up; 0.6B, then 1.7B.
 SPLIT_SUM_SHAPES = [((1024, 3072, "silu_mul"), (4096, "rms_norm")), ((1024, 2048, "none"), (6144, "rms_norm")),
@@ -134,7 +132,7 @@ SPLIT_SUM_SHAPES = [((1024, 3072, "silu_mul"), (4096, "rms_norm")), ((1024, 2048
 
 def check_linear(device, dtype, m, n, k, prologue="none", residual=False, bias=False, seed=0, config=None,
                  target=None):
-    from . import linear as kl
+    from engine.kernels import linear as kl
 
     width = 2 * k if prologue == "silu_mul" else k
     x = _rand((m, 1, width), dtype, device, seed, 2.0 if prologue == "silu_mul" else 1.0)
@@ -153,8 +151,8 @@ def check_split_sum(device, dtype, m, producer, consumer, seed=0, config=None, t
     """A residual linear `producer` (N, K, prologue) launched with defer, then the `consumer` (N', prologue) on
     its SplitSum: the consumer's output and the row it stores equal the finished launch's and the consumer's on
     it, bit for bit. Returns whether the producer split (an unsplit launch has no sum to leave)."""
-    from . import linear as kl
-    from . import split_sum
+    from engine.kernels import linear as kl
+    from engine.kernels import split_sum
 
     n, k, prologue = producer
     n2, prologue2 = consumer
@@ -174,27 +172,6 @@ def check_split_sum(device, dtype, m, producer, consumer, seed=0, config=None, t
     _verdict(torch.equal(got, want), what + ": the consumer's output differs")
     _verdict(torch.equal(left.out, y), what + ": the stored row differs from the finished launch's")
     return True
-
-
-def check_mlp(device, dtype, m, hidden, inter, seed=0, config=None, repeats=2):
-    """rms_norm + gate/up + SwiGLU + down_proj + residual in one launch, against the two linears' fp64 oracle
-    (linear.exact, rounded where each launch rounds). Launched `repeats` times: each launch must leave its
-    arrival counters re-armed for the next."""
-    from . import interpreting
-    from . import linear as kl
-    from . import mlp as k
-
-    x = _rand((m, 1, hidden), dtype, device, seed)
-    gate_up = _rand((2 * inter, hidden), dtype, device, seed + 1, hidden ** -0.5)
-    nw = _rand((hidden,), dtype, device, seed + 2, 0.2, 1.0)
-    down = _rand((hidden, inter), dtype, device, seed + 3, inter ** -0.5)
-    gu = kl.exact(x, gate_up, prologue="rms_norm", norm_weight=nw, eps=1e-6)
-    want = kl.exact(gu, down, prologue="silu_mul", residual=x)
-    launch = k.plan(m, hidden, inter, sm_count(torch.device(device)), config, interpreting())
-    for i in range(repeats):
-        got = k.mlp(x, gate_up, nw, 1e-6, down, config=config)
-        _close(got, want, LINEAR_TOL[dtype], f"mlp {dtype} M={m} H={hidden} I={inter} launch {i} {launch}")
-    return launch
 
 
 def rope_tables(d, pos, dtype, device, base=1_000_000.0):
@@ -222,7 +199,7 @@ def _decode_token_case(device, dtype, b, nh, nkv, d, seq, positions, pad, seed):
 def check_qk_norm_rope_kv(device, dtype, b, nh=16, nkv=8, d=128, seq=32, pos=7, pad=64, seed=0, per_row=False):
     """qkv rows with a larger stride (pad columns after the v heads), caches filled with noise. per_row:
     each row at its own position (pos, pos + 3, ...), with its own cos/sin row."""
-    from . import qk_norm_rope_kv as k
+    from engine.kernels import qk_norm_rope_kv as k
 
     positions = [pos + 3 * i for i in range(b)] if per_row else [pos]
     qkv, w, cos, sin, caches, mine, p = _decode_token_case(device, dtype, b, nh, nkv, d, seq, positions, pad, seed)
@@ -236,7 +213,7 @@ def check_qk_norm_rope_kv(device, dtype, b, nh=16, nkv=8, d=128, seq=32, pos=7, 
 
 def check_qk_norm_rope_kv_prefill(device, dtype, t, nh=16, nkv=8, d=128, seq=None, seed=0):
     """T prompt tokens at positions 0..T-1 into a batch-1 cache filled with noise (positions past T keep it)."""
-    from . import qk_norm_rope_kv as k
+    from engine.kernels import qk_norm_rope_kv as k
 
     width = (nh + 2 * nkv) * d
     qkv = _rand((t, width), dtype, device, seed, 2.0)
@@ -275,7 +252,7 @@ def check_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=64, window=16, fi
     differ, so a kernel that ignored it fails). device_length: no bias; the kernel gets each row's last
     position (its count - 1) and reads it on the device, over all `seq` positions of the caches (`window` is
     unused). Returns the plan that ran."""
-    from . import attention as k
+    from engine.kernels import attention as k
 
     q = _rand((b, nh, d), dtype, device, seed)
     kc = _rand((b, nkv, seq, d), dtype, device, seed + 1)
@@ -311,7 +288,7 @@ def check_rope_attention(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window=1
     (lengths at most each row's position; the kernel's caches keep their own prefixes, the reference's are
     copied). device_length: no bias, each row's length read from its position on the device, over all `seq`
     positions (`window` unused). Returns the plan that ran."""
-    from . import attention as k
+    from engine.kernels import attention as k
 
     positions = [max(0, pos - i) for i in range(b)] if per_row else [pos]
     qkv, w, cos, sin, caches, mine, p = _decode_token_case(device, dtype, b, nh, nkv, d, seq, positions, pad, seed)
@@ -344,7 +321,7 @@ def check_attention_o_proj(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window
     reference ops: the output, and both caches after the write. per_row: row i at position pos - i with its
     own RoPE and bias rows. config: attention_o_proj.CONFIG overrides. defer: the launch again with its sum
     left for the next linear (split_sum.py), whose sum must be the finished launch's output, bit for bit."""
-    from . import attention_o_proj as k
+    from engine.kernels import attention_o_proj as k
 
     positions = [max(0, pos - i) for i in range(b)] if per_row else [pos]
     qkv, w, cos, sin, caches, mine, p = _decode_token_case(device, dtype, b, nh, nkv, d, seq, positions, pad, seed)
@@ -360,7 +337,7 @@ def check_attention_o_proj(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window
     what = f"attention_o_proj {dtype} B={b} W={window} pos={positions}"
     _close(got, want, ATTN_TOL[dtype], what + " out")
     if defer:
-        from . import split_sum
+        from engine.kernels import split_sum
 
         left = k.attention_o_proj(qkv, w, cos, sin, 1e-6, mine[0], mine[1], p, bias, scale, nh, nkv, wo, res,
                                   config=config, defer=True)
@@ -375,7 +352,7 @@ def check_attention_o_proj(device, dtype, b, nh=16, nkv=8, d=128, seq=32, window
 
 def sampling_case(device, b, vocab, seed, *, do_sample=True, temperature=0.9, top_k=50, top_p=1.0,
                   scale=3.0, ties=False, dtype=torch.float32):
-    from ..gpu import graph_sampling
+    from engine.kernels import sample as ksample
 
     logits = torch.randn(b, vocab, generator=_gen(seed)) * scale
     if ties:  # quantised logits: many exact ties (top-k keeps them all; top-p boundary ties may differ)
@@ -383,7 +360,7 @@ def sampling_case(device, b, vocab, seed, *, do_sample=True, temperature=0.9, to
     logits = logits.to(dtype)
     f32 = {"device": device, "dtype": torch.float32}
     settings = (torch.tensor(do_sample, device=device), torch.tensor(temperature, **f32),
-                torch.tensor(graph_sampling.kth_index(top_k, vocab), device=device), torch.tensor(top_p, **f32))
+                torch.tensor(ksample.kth_index(top_k, vocab), device=device), torch.tensor(top_p, **f32))
     return logits.to(device), settings
 
 
@@ -400,9 +377,9 @@ def race_margin(logits, settings, u, ids_a, ids_b):
 
 
 def check_sample_exact(device, b, vocab, seed=0, rng="u", max_flips=0, **case):
-    """Ids equal to graph_sampling.choose on every row (rows that differ must be race near-ties)."""
-    from .. import sampling
-    from . import sample as k
+    """Ids equal to sample.choose on every row (rows that differ must be race near-ties)."""
+    from engine import sampling
+    from engine.kernels import sample as k
 
     logits, settings = sampling_case(device, b, vocab, seed, **case)
     keys = sampling.take_keys(seed, range(b), device)
@@ -424,8 +401,8 @@ def check_sample_exact(device, b, vocab, seed=0, rng="u", max_flips=0, **case):
 def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min_new=2, per_row=False):
     """Codebook 0 in one launch: penalty + suppression + in-kernel uniforms + seen / finished update.
     per_row: every row at its own frame (t + i), on both sides of min_new."""
-    from .. import sampling
-    from . import sample as k
+    from engine import sampling
+    from engine.kernels import sample as k
 
     logits, settings = sampling_case(device, b, vocab, seed, do_sample=do_sample, top_p=0.8)
     logits = logits.to(torch.bfloat16)  # the head's dtype: the kernel converts, the reference calls .float()
@@ -455,8 +432,8 @@ def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min
 def check_sample_into_slots(device, b, vocab=2048, width=40, seed=0):
     """out_ids / out_rows: the sampler writes the ids and the embedding rows into strided views (a column of the
     frame's codes, a slot of its rows), as frame_graph.frame_body passes them, and leaves the rest untouched."""
-    from .. import sampling
-    from . import sample as k
+    from engine import sampling
+    from engine.kernels import sample as k
 
     logits, settings = sampling_case(device, b, vocab, seed)
     draw = {"keys": sampling.take_keys(seed, range(b), device), "step": torch.tensor([3], device=device), "slot": 2}
@@ -482,7 +459,7 @@ def check_talker_input(device, dtype, b, hidden, d, groups=16, seed=0, exact_sum
     """frame_glue.talker_input against its torch reference. exact_sums: embedding values on a 2^-6 grid, so every
     fp32 sum is exact whatever its order, and the results must be the same bits; else within TOL (the order
     of the fp32 additions may differ from torch's)."""
-    from . import frame_glue as k
+    from engine.kernels import frame_glue as k
 
     g = _gen(seed)
     if exact_sums:
@@ -509,7 +486,7 @@ def check_talker_input(device, dtype, b, hidden, d, groups=16, seed=0, exact_sum
 def check_frame_tail(device, dtype, b, hidden, seed=0):
     """frame_glue.frame_tail against its torch reference: the final norm (within TOL, as rms_norm) from a strided
     view, and every row's bookkeeping exactly, with rows finished before, finishing on their budget and going on."""
-    from . import frame_glue as k
+    from engine.kernels import frame_glue as k
 
     g = _gen(seed)
     out = _rand((b, hidden + 8), dtype, device, seed, 2.0)[:, :hidden]  # a row stride wider than the row
@@ -534,15 +511,15 @@ def check_frame_tail(device, dtype, b, hidden, seed=0):
 def check_sample_distribution(device, draws, vocab=2048, seed=0, top_k=6, top_p=0.9, temperature=0.8):
     """Chi-square of the kernel's draws (one row per draw, per-take uniforms) against the reference
     sampler's kept distribution; returns the p-value's statistic and asserts it below the 0.999 quantile."""
-    from .. import sampling
-    from ..gpu import graph_sampling
-    from . import sample as k
+    from engine import sampling
+    from engine.kernels import sample as ksample
+    from engine.kernels import sample as k
 
     row = torch.randn(1, vocab, generator=_gen(seed)) * 1.5
     logits = row.expand(draws, vocab).contiguous().to(device)
     f32 = {"device": device, "dtype": torch.float32}
     settings = (torch.tensor(True, device=device), torch.tensor(temperature, **f32),
-                torch.tensor(graph_sampling.kth_index(top_k, vocab), device=device), torch.tensor(top_p, **f32))
+                torch.tensor(ksample.kth_index(top_k, vocab), device=device), torch.tensor(top_p, **f32))
     keys = sampling.take_keys(seed, range(draws), device)
     got = k.sample(logits, *settings, keys=keys, step=torch.tensor([0], device=device), slot=1).cpu()
     # expected: the reference filter (HF semantics) then softmax
@@ -573,8 +550,6 @@ def run_all(device="cuda", verbose=True):
                 check_rope_attention(device, dt, m, seq=max(64, w), window=w, pos=w - 3 - m, per_row=m > 1)
             if m <= 2:
                 check_attention_o_proj(device, dt, m, per_row=m > 1, defer=m == 1)
-                for hidden, inter in MLP_SHAPES:
-                    check_mlp(device, dt, m, hidden, inter)
             for n, k, prologue, residual, bias in LINEAR_SHAPES:
                 check_linear(device, dt, m, n, k, prologue, residual, bias)
             for producer, consumer in SPLIT_SUM_SHAPES:
@@ -595,10 +570,6 @@ def run_all(device="cuda", verbose=True):
         print(f"all kernel checks passed on {device} (chi-square {chi2:.1f}, dof {dof})")
 
 
-if __name__ == "__main__":
-    run_all()
-
-
 # Sampling settings every kernel test checks (CPU interpreter and GPU alike).
 SAMPLE_CASES = {
     "greedy": {"do_sample": False},
@@ -616,18 +587,13 @@ SAMPLE_CASES = {
 }
 
 
-# Five layers of bf16 rounding in a different summation order: a cache entry near zero can move by an ulp
-# of its larger neighbours, so the absolute bf16 bound is 1/8 (the cosine bound is the sharper check).
-PASS_TOL = {torch.float32: (2e-4, 2e-4), torch.bfloat16: (1.25e-1, 5e-2)}
-
-
 def predictor_stack(device, dtype, hidden=128, inter=256, layers=2, nh=4, nkv=2, d=32, seed=0, rope_theta=1e6,
                     std=None):
     """A random decoder stack (FusedStack) with the code predictor's structure, at any size: norm weights
     around 1, matrices N(0, std) (default hidden ** -0.5)."""
-    from ..config import LayerStackConfig
-    from ..gpu.fused_layers import FusedStack
-    from ..model.layers import DecoderStack
+    from engine.config import LayerStackConfig
+    from engine.gpu.fused_layers import FusedStack
+    from engine.model.layers import DecoderStack
 
     cfg = LayerStackConfig(hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=nh,
                            num_kv_heads=nkv, head_dim=d, rms_norm_eps=1e-6, rope_theta=rope_theta,
@@ -640,38 +606,5 @@ def predictor_stack(device, dtype, hidden=128, inter=256, layers=2, nh=4, nkv=2,
     return FusedStack(stack.to(device=device, dtype=dtype))
 
 
-@torch.no_grad()
-def check_predictor_pass(device, dtype, rows, positions=3, vocab=64, seed=0, **launch):
-    """The persistent pass against the per-layer torch path over positions 0.. (position 0 fills the
-    cache only, as in a frame): logits and both caches. Returns the lowest logits cosine seen."""
-    from ..model.kv_cache import KVCache
-    from . import predictor_pass as kp
-
-    size = {k: launch.pop(k) for k in ("hidden", "inter", "layers", "nh", "nkv", "d") if k in launch}
-    fs = predictor_stack(device, dtype, seed=seed, **size)
-    run = kp.PredictorPass(fs, **launch)
-    f0 = fs.layers[0]
-    hidden, layers = f0.layer.input_layernorm.weight.shape[0], len(fs.layers)
-    head = _rand((vocab, hidden), dtype, device, seed + 1, hidden ** -0.5)
-    want_c, got_c = (KVCache(layers, rows, f0.nkv, 16, f0.d, dtype, device) for _ in range(2))
-    cosine = 1.0
-    for t in range(positions):
-        x = _rand((rows, 1, hidden), dtype, device, seed + 10 + t)
-        pos = torch.tensor([t], device=device)
-        rope = fs.rope(pos, dtype)
-        bias = torch.where(torch.arange(16, device=device) <= t, 0.0, float("-inf")).to(dtype)
-        what = f"predictor pass {dtype} rows={rows} position {t}"
-        if t == 0:
-            kp.reference(fs, x, want_c, pos, bias, rope, head, fill_only=True)
-            _verdict(run(x, got_c, pos, bias, rope, head, fill_only=True) is None, what + ": fill-only returns nothing")
-        else:
-            want = kp.reference(fs, x, want_c, pos, bias, rope, head)
-            got = run(x, got_c, pos, bias, rope, head)
-            _close(got, want, PASS_TOL[dtype], what + " logits")
-            cos = torch.nn.functional.cosine_similarity(got.double().flatten(), want.double().flatten(), dim=0)
-            cosine = min(cosine, float(cos))
-        for i in range(layers):
-            _close(got_c.k[i][:, :, : t + 1], want_c.k[i][:, :, : t + 1], PASS_TOL[dtype], f"{what} k cache {i}")
-            _close(got_c.v[i][:, :, : t + 1], want_c.v[i][:, :, : t + 1], PASS_TOL[dtype], f"{what} v cache {i}")
-        _verdict(run.barrier.tolist() == [0, 0], "the barrier re-arms itself after every launch")
-    return cosine
+if __name__ == "__main__":
+    run_all()
