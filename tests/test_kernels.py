@@ -486,6 +486,7 @@ def test_linear_unrolled_split_sum_same_bits(monkeypatch):
     """The last arrival's unrolled sum (every partial loaded in one round, splits past the count masked) gives
     the same bits as the loop over the splits; more splits than UNROLL_SPLITS take the loop."""
     from engine.kernels import linear as kl
+    from engine.kernels import linear_plan
 
     assert [kl.unrolled_splits(s) for s in (1, 2, 3, 7, 16, 17)] == [0, 2, 4, 8, 16, 0]
     g = torch.Generator().manual_seed(3)
@@ -494,7 +495,7 @@ def test_linear_unrolled_split_sum_same_bits(monkeypatch):
     r = torch.randn(2, 1, 40, generator=g)
     assert kl.plan(2, 40, 200, SMALL_LINEAR, 64)["splits"] == 7  # unrolled to 8, one masked
     unrolled = kl.linear(x, w, residual=r, config=SMALL_LINEAR, target=64)
-    monkeypatch.setattr(kl, "UNROLL_SPLITS", 0)
+    monkeypatch.setattr(linear_plan, "UNROLL_SPLITS", 0)
     assert torch.equal(unrolled, kl.linear(x, w, residual=r, config=SMALL_LINEAR, target=64))
     monkeypatch.undo()
     assert st.check_linear(DEV, torch.float32, 2, 40, 600, "none", True, config=SMALL_LINEAR, target=64) == 19
@@ -504,6 +505,7 @@ def test_linear_unrolled_norm_same_bits(monkeypatch):
     """The RMSNorm prologue's sum of squares unrolled over the row's steps gives the same bits as the loop
     (same order); rows whose tiles hold more than UNROLL_NORM_VALUES values take the loop."""
     from engine.kernels import linear as kl
+    from engine.kernels import linear_plan
 
     assert [kl.norm_steps(k, 256, 16) for k in (256, 1000, 1024, 1025, 2048)] == [1, 4, 4, 0, 0]
     assert [kl.norm_steps(k, 1024, 1) for k in (1024, 2048, 6144)] == [1, 2, 6]
@@ -514,7 +516,7 @@ def test_linear_unrolled_norm_same_bits(monkeypatch):
     p = kl.plan(3, 40, 200, SMALL_LINEAR, 8, prologue="rms_norm")
     assert kl.norm_steps(200, p["BLOCK_K"], p["BLOCK_M"]) == 7  # 16-row tiles (tensor cores), 7 steps of 32
     unrolled = kl.linear(x, w, prologue="rms_norm", norm_weight=nw, config=SMALL_LINEAR, target=8)
-    monkeypatch.setattr(kl, "UNROLL_NORM_VALUES", 0)
+    monkeypatch.setattr(linear_plan, "UNROLL_NORM_VALUES", 0)
     assert torch.equal(unrolled, kl.linear(x, w, prologue="rms_norm", norm_weight=nw, config=SMALL_LINEAR, target=8))
 
 
