@@ -12,22 +12,19 @@ from .state import DecodeState, causal_window, derived
 
 # The waveform path runs time-major: activations are [B, L, C], contiguous, channels fastest. A conv
 # sees them as a channels-last [B, C, 1, L] view (no copy) and its weight is stored channels fastest
-# (_channels_fastest) once at construction, so cuDNN runs its NHWC kernels with no layout conversion at all.
-# With [B, C, L] activations and weights it converted every weight (and most inputs) on every call: 39
-# nchwToNhwc launches, 21% of a 1-frame piece's kernel time on an H100 / H200, plus the transposes around
-# the ConvNeXt blocks and the transformer. 1x1 convs run as matmuls over the time-major rows (F.linear).
+# (_channels_fastest) once at construction, so cuDNN runs its NHWC kernels with no layout conversion at all
+# (with [B, C, L] activations it converts every weight and most inputs on every call). 1x1 convs run as
+# matmuls over the time-major rows (F.linear).
 #
 # On CUDA, dilated convs run as a plain 2-D conv over the input viewed as [B, C, L / d, d] (_folded).
-# For the 384- and 192-channel wave blocks at dilation 3 and 9, cuDNN 9 picks its legacy
-# implicit_convolve_sgemm (0.45-0.6 ms a conv for a 32-frame piece on an H200; 6 ms at 16 rows; benchmark
-# mode picks the same); folded they take 0.06-0.1 ms (bench/results/codec_pieces_h200.md). Time-major,
-# the fold is a free view: [B, L, C] is [B, L / d, d, C]. False: every conv runs as a dilated conv.
+# For the 384- and 192-channel wave blocks at dilation 3 and 9, cuDNN 9 picks a slow legacy implicit-GEMM
+# kernel (benchmark mode too); folded they run several times faster. Time-major, the fold is a free view:
+# [B, L, C] is [B, L / d, d, C]. False: every conv runs as a dilated conv.
 FOLD_DILATED_CONVS = True
 #
 # The ConvNeXt blocks' depthwise convs are the one kind that runs on a [B, C, L] copy: cuDNN's channels-last
-# depthwise conv builds its plan for each new input length in ~0.22 s on an H100 (every other conv of a
-# piece: 2-3.5 ms; its NCHW depthwise plan: the same), which put ~1 s on the codec capture at load; the two
-# layout copies cost a few microseconds (bench/codec_first_run.py, first_piece16_conv_shapes_ms).
+# depthwise conv builds a slow plan for each new input length, which adds up over the codec's capture at load;
+# the two layout copies cost a few microseconds.
 
 
 def _channels_fastest(weight: torch.Tensor) -> nn.Parameter:

@@ -320,9 +320,8 @@ class GraphedFrames:
             raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
         if self.prefill_graphs is not None and (bucket, self._window(0)) not in self.graphs:
             # The first request of a new takes count captures all its windows here, before its prefill,
-            # instead of one window at a time between its frames (160 ms in the middle of a 4-take request
-            # on an H200). With the torch attention, windows past the precapture window are still captured
-            # when first reached.
+            # instead of one window at a time between its frames (a stall in the middle of its audio). With
+            # the torch attention, windows past the precapture window are still captured when first reached.
             t0 = time.perf_counter()
             self._capture_windows(bucket)
             log.info("frame graphs: captured the %d-row graphs (%s) in %.2f s", bucket, self.reach,

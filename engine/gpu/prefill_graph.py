@@ -24,8 +24,8 @@ import torch
 from ..model.kv_cache import KVCache
 from .capture import capture
 
-# Padding costs little (a 512-token prefill is ~1 ms of 0.6B matmuls); each bucket adds ~0.1 s to the
-# load. Longer prompts run eagerly, where their own compute already outweighs the launches.
+# Padding costs little next to the launches it saves, and each bucket adds a little to the load. Longer prompts
+# run eagerly, where their own compute already outweighs the launches.
 PREFILL_BUCKETS = (64, 128, 256, 512)
 
 

@@ -224,7 +224,7 @@ def _prehash_triton() -> None:
     """Start Triton's one-time cache key on a thread now, so it overlaps the weights' loading.
 
     The first kernel a process compiles or loads from the cache waits for Triton to hash its own
-    ~500 MB library (0.34 s of an H100 machine's load; bench/results/load_profile_0.6b_h100.json).
+    ~500 MB library, a noticeable part of a load.
     hashlib releases the GIL, so the thread runs beside the loader. The result is cached by Triton; if
     the first kernel comes before the thread is done, Triton computes it again, as it would have anyway."""
     try:

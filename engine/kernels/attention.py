@@ -83,7 +83,7 @@ def _kernel():
         """Query heads q [G, D] over a whole window k, v [S, D] (fp32, S a power of two) with the additive
         bias [S] (-inf masks, padding included) -> [G, D] in fp32, in one tile (no online softmax): scores
         rounded to dt, the scaled bias add rounded again, softmax in fp32, probabilities unrounded. For the
-        kernels that hold a short window at once (attention_o_proj, predictor_pass)."""
+        kernels that hold a short window at once (attention_o_proj)."""
         sc = _round(tl.sum(q[:, None, :] * k[None, :, :], axis=2), dt, EMULATE_RNE).to(tl.float32)
         sc = _round(bias[None, :] + scale * sc, dt, EMULATE_RNE).to(tl.float32)
         p = tl.exp(sc - tl.max(sc, axis=1)[:, None])

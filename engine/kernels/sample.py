@@ -230,9 +230,7 @@ def _kernel():
 
 
 # Warps of the one program per row, at every vocabulary: the bisection's row-wide passes are the cost, so
-# more threads win. bench/small_kernels_bench.py, H100, PDL, bf16 logits, top-k 50, us a launch at 8 / 16
-# warps with the 16-bit keys: 2048 ids 8.84 / 8.04 (16 rows: 9.37 / 8.62), 3072 ids 14.73 / 12.49; the
-# 32-bit keys before them, 8 warps: 9.50, 13.33, 19.55 (bench/results/sample_h100.md).
+# more threads win.
 WARPS = 16
 
 
