@@ -7,7 +7,7 @@ kernel starts, loads its weights and waits while the previous one runs), so the 
 frame. Here the frame graph is replayed under the CUDA profiler and each kernel is charged the time from the
 previous kernel's end to its own end: what the frame would lose without it. The charges add up to the frame.
 Kernels are grouped by name (torch's own kernels as one group). Writes DIR/frame_trace_<size>_b<takes>.json
-with every kernel of the frame in order and prints the table. First used in bench/results/split_sum_h200.md.
+with every kernel of the frame in order and prints the table.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from profile_frame import frame_ms
+from profile_frame import current_window, frame_ms
 
 OURS = ("linear_kernel", "attention_o_proj_kernel", "split_kernel", "qk_norm_rope_kv_kernel", "sample_kernel",
-        "rms_norm_kernel", "attention_kernel", "mlp_kernel", "predictor_pass_kernel", "talker_input_kernel",
+        "rms_norm_kernel", "attention_kernel", "talker_input_kernel",
         "frame_tail_kernel")
 
 
@@ -35,7 +35,7 @@ def frame_kernels(runner, replays: int = 3) -> list:
 
     s = runner.s
     saved = s.snapshot()
-    graph = runner._graph(runner._window(runner.position))
+    graph = runner._graph(current_window(runner))
     for _ in range(20):
         graph.replay()
     torch.cuda.synchronize()

@@ -21,16 +21,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import kernels
-from engine.gpu import graph_sampling
 from engine.kernels import (
     attention,
     linear,
     qk_norm_rope_kv,
     rms_norm,
     sample,
-    selftest,
 )
 from engine.kernels._util import sm_count
+from tests.support import kernels_selftest as selftest
 
 ROWS = (1, 4, 8, 16)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -330,7 +329,7 @@ def cases(dt, dev):
 
             def ref(lg=lg, st=st, keys=keys, step=step, vocab=vocab, first=first):
                 u = sampling.uniforms(keys, step.reshape(()), 1, vocab)
-                return graph_sampling.choose(lg, *st, u, first)
+                return sample.choose(lg, *st, u, first)
 
             out.append(("sample", {"B": m, "V": vocab, "top_k": k, "top_p": p},
                         lambda lg=lg, st=st, keys=keys, step=step: sample.sample(lg, *st, keys=keys, step=step, slot=1),

@@ -28,10 +28,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 from timing import cuda_kernels, mean_gpu_ms
 
 
+def current_window(runner):
+    """The attention window of the runner's current bucket at its longest row's position (its graph's key)."""
+    return runner._window(int(runner.s.pos.max()))
+
+
 def frame_ms(runner, frames=200) -> float:
     s = runner.s
     saved = s.snapshot()
-    graph = runner._graph(runner._window(runner.position))
+    graph = runner._graph(current_window(runner))
     ms = mean_gpu_ms(graph.replay, frames)
     s.restore(saved)
     return ms
@@ -46,21 +51,10 @@ def kernel_table(eng) -> list:
     runner = eng.runner
     s = runner.s
     saved = s.snapshot()
-    window = runner._window(runner.position)
+    window = current_window(runner)
     rows = cuda_kernels(lambda: frame_body(eng.talker, runner.fused, s, window))
     s.restore(saved)
     return rows
-
-
-def recaptured_frame(eng) -> tuple[float, int]:
-    """After a switch of the engine's kernels: its frame graphs captured again, then the frame graph's ms (best of 3
-    runs of frame_ms) and the kernels of one eager frame body."""
-    eng.runner.graphs.clear()
-    eng.runner.pool = None  # torch frees a private pool with its last graph; capturing into it again asserts
-    with torch.inference_mode():  # the state of a bucket first opened by a request holds inference tensors
-        ms = min(frame_ms(eng.runner) for _ in range(3))
-        count = sum(r["count"] for r in kernel_table(eng))
-    return ms, count
 
 
 def gemv_bandwidth(dtype, takes: int) -> list:

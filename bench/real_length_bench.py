@@ -60,17 +60,10 @@ def _steady(run, frames_hi=450, frames_lo=50, repeats=3) -> tuple[float, dict]:
     difference over the 400 frames between them; and the walls it came from (seconds, by frame count), so
     the figure can be checked.
 
-    Why this span. Up to 7fd063b the estimate was the faster of 2 walls at 200 and at 50 frames. Its error is
-    a request's fixed-cost jitter (2-3 ms between two identical requests) divided by the 150 frames between
-    the lengths, and the overhead of a 356-frame request multiplies it back: across seven one-take
-    processes the estimate ranged 3.178-3.257 ms while the long script requests' own ms a frame stayed
-    3.20-3.27, and the overhead p95 followed the estimate (8-23 ms). Over 400 frames with medians of 3 the
-    same jitter moves the estimate a third as much, and the longest script request (356 frames) now sits
-    inside the span instead of being extrapolated to. Each process's JSON keeps the walls.
-
-    A least-squares slope through the medians of 3 at 50, 100, 150 and 200 frames was tried for one run
-    (bench/results/real_length_h100_0.6b_9bd0569.md). Streaming, it came out under every real request's own
-    ms a frame (4.45 against 4.55-4.9 for 44+ frames; this estimate gave 4.67 at b3cadb1)."""
+    Why this span: a request's fixed-cost jitter (a few ms between identical requests) divided by the frames
+    between the two lengths is the estimate's error, and a long request's overhead multiplies it back. Over
+    400 frames with medians of 3 that error is small, and the longest script request lies inside the span
+    instead of being extrapolated to. Each process's JSON keeps the walls."""
     run(frames_hi)
     run(frames_lo)
     walls = {frames_hi: [], frames_lo: []}
@@ -111,7 +104,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
     def node_stream(req, seed, params):
         """What the StreamChunks node runs for a one-segment line at its default chunk_size 8 (nodes/runner.py
         Job.stream, without ComfyUI's progress bar and the browser messages): stream_batch of one item, first
-        chunk 2 frames, the chunks in play order (play_order: a tree from 02f0bfd on), the AUDIO
+        chunk 2 frames, the chunks in play order (play_order), the AUDIO
         made at the end. Returns (first audio s, frames)."""
         from nodes.audio_utils import make_audio, play_order
 
@@ -332,7 +325,7 @@ def main() -> None:
             "engine_root": str(args.engine_root)}
     args.out.mkdir(parents=True, exist_ok=True)
 
-    def write():  # after every run, so a cut-off session keeps what it measured
+    def write():  # after every run, so a run cut off keeps what it measured
         (args.out / f"real_length_{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
         md = (f"{gpu}, torch {meta['torch']}, bf16, {meta['sentences']} sentences, {meta['audio_s']:.0f} s of "
               "audio per take (EOS disabled, frames from 2.7 words/s or 4.5 CJK chars/s), each mode in a fresh "

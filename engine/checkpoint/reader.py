@@ -4,8 +4,8 @@ Weights are streamed: the file's bytes are read in large pieces by a few threads
 buffers (pinned for a CUDA target, so each copy to the device runs while the next piece is read) and land in
 the tensors the module will keep; a tensor stored in another dtype or layout lands in a temporary and is cast
 on the target device. Loading a model costs one read of its weights and about one copy of them in the target
-dtype. (Per tensor through safetensors' memory map, the page faults and the pageable copies ran one after
-another: 0.8 s for the 0.6B model's weights on an H100 machine, bench/results/load_profile_h100_7fd063b.json.)
+dtype. (Per tensor through safetensors' memory map, the page faults and the pageable copies would run one
+after another.)
 """
 from __future__ import annotations
 

@@ -23,8 +23,7 @@ def bucket_for(rows: int, captured, warm) -> int:
     """The bucket a run of `rows` rows uses: its own if its graphs exist (`captured`), else the smallest of the
     buckets the load captured (`warm`) that holds the rows, so the request waits for no capture; else its own,
     captured before the run starts. Only the load's buckets stand in: a larger bucket that a request captured
-    is no default for smaller runs (a 4-row frame costs ~12% more than a 2-row one, 3.93 against 3.49 ms at
-    0.6B on an H100, bench/results/takes_first_use_h100.md)."""
+    is no default for smaller runs (a larger bucket's frame costs more than the rows' own)."""
     own = batch_bucket(rows)
     if own in captured:
         return own

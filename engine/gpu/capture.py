@@ -29,8 +29,6 @@ def capture(body, pool=None, warmups: int = 1):
             graph.capture_end()
     torch.cuda.current_stream().wait_stream(side)
     # A graph's first launch also uploads it to the device: replayed once here, so that cost is paid at
-    # capture, not by the first request that replays it (a 0.6B request's overhead rose from ~7 to 20 ms
-    # the first time its prompt took a new prefill bucket: bench/results/real_length_h100_0.6b_19c7656.json,
-    # request 4).
+    # capture, not by the first request that replays it.
     graph.replay()
     return graph, out

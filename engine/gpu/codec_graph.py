@@ -145,8 +145,8 @@ class CodecGraphs:
 
     def precapture_beside(self, buckets) -> None:
         """Start precapture(buckets) on threads and return: at load it runs while the talker's weights are read
-        (the codec's first eager frame, its library start-up and per-shape plans, and its captures took 0.9-1.5
-        s of a 2.9-3.2 s load, bench/results/codec_conv_h100.md), each bucket on a thread of its own (_Beside).
+        (the codec's first eager frame, its library start-up and per-shape plans, and its captures are a large part
+        of a load), each bucket on a thread of its own (_Beside).
         acquire, precapture and release wait for them."""
         self.warm_buckets = tuple(buckets)
         self._beside = _Beside(self, buckets)
@@ -306,12 +306,9 @@ class _Beside:
     ordered after the work queued on the caller's stream so far, where the codec's weights were copied).
 
     The first bucket's thread decodes that bucket's first eager frame, where the libraries start (cuDNN,
-    cuBLAS, the snake kernel's load: ~0.9 s on an H100 beside the talker's loading), then starts a thread for
-    each other bucket and captures its own pieces. With one thread for one take's and the 4-row pieces, as
-    the loader node loads for max_takes 4, that thread was the load's last step: the load waited up to 1.9 s
-    for it. With a thread a bucket it waited in 1 load of 11, and loads took 0.09-0.19 s less on average,
-    at most 3.44 s against 4.13 (bench/results/load_takes4.md). Each bucket has its own graph pool: graphs
-    captured at the same time must not share one."""
+    cuBLAS, the snake kernel's load), then starts a thread for each other bucket and captures its own pieces,
+    so no single thread of captures is left as the load's last step. Each bucket has its own graph pool:
+    graphs captured at the same time must not share one."""
 
     def __init__(self, graphs: CodecGraphs, buckets):
         self.device = graphs._device()

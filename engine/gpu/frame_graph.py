@@ -16,36 +16,22 @@ the decode loop reads the finished flags once per chunk and admits new rows betw
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
 
 from .. import sampling
-from ..decode import device_longs, prefill_into, trailing_table
 from ..kernels.attention import position_bias
+from ..kernels.sample import kth_index
 from ..model.kv_cache import runs
-from . import graph_sampling
+from ..slots import device_longs, prefill_into, trailing_table
 from .buckets import bucket_for
 from .capture import capture
 from .fused_layers import FusedStack
 
 log = logging.getLogger(__name__)
 
-WINDOW_STEP = 256  # attention windows are multiples of this many positions
-# The talker's attention runs as the Triton kernel (split-KV over its 256+ position windows: one launch,
-# and it keeps the programmatic-dependent-launch chain) when True, as torch's matmul + add + softmax +
-# matmul when False. The one-program-per-kv-head kernel lost to cuBLAS there
-# (bench/results/kernel_bench_bf16.json); compare with bench/kernel_bench.py --attention and, whole
-# frames, bench/talker_attention_bench.py. QWEN3TTS_TALKER_ATTENTION=torch|triton overrides it (A/B runs).
-TALKER_TRITON_ATTENTION = True
-TALKER_ATTENTION_ENV = "QWEN3TTS_TALKER_ATTENTION"
-
-
-def talker_triton_attention() -> bool:
-    """Whether the talker runs the Triton attention (when the kernels have it): the environment, else the constant."""
-    choice = os.environ.get(TALKER_ATTENTION_ENV, "")
-    return TALKER_TRITON_ATTENTION if choice not in ("torch", "triton") else choice == "triton"
+WINDOW_STEP = 256  # attention windows are multiples of this many positions (the torch attention's graphs)
 
 
 class FrameState:
@@ -124,12 +110,12 @@ class FrameState:
         """Write the sampling settings into the buffers the graphs read; skipped when they already hold these
         (nothing else writes them), which saves a dozen launches before most requests' first frame."""
         values = (("do_sample", params.do_sample), ("temperature", params.temperature),
-                  ("top_k", graph_sampling.kth_index(params.top_k, self.banned.shape[0])),
+                  ("top_k", kth_index(params.top_k, self.banned.shape[0])),
                   ("top_p", params.top_p),
                   ("penalty", params.repetition_penalty), ("min_new", params.min_new_tokens),
                   ("sub_do_sample", params.subtalker_dosample),
                   ("sub_temperature", params.subtalker_temperature),
-                  ("sub_top_k", graph_sampling.kth_index(params.subtalker_top_k, self.sub_vocab)),
+                  ("sub_top_k", kth_index(params.subtalker_top_k, self.sub_vocab)),
                   ("sub_top_p", params.subtalker_top_p))
         if self.params_key == (values, eos_id):
             return
@@ -169,11 +155,11 @@ def predict_residuals(talker, fused: FusedStack, s: FrameState, c0_in, choose) -
     h = s.hidden[:, None]
     if isinstance(proj, torch.nn.Linear):  # the one input with no projected table: the talker's hidden state
         h = fused.ks.linear(h, proj.weight, bias=proj.bias)
-    fused.predictor_pass(h, s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0],
+    fused.whole_pass(h, s.pred_cache, s.pred_pos[0], s.pred_bias[0], s.pred_rope[0],
                          pred.lm_head[0].weight, fill_only=True)
     x = c0_in
     for j in range(1, pred.num_groups + 1):
-        logits = fused.predictor_pass(x[:, None], s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j],
+        logits = fused.whole_pass(x[:, None], s.pred_cache, s.pred_pos[j], s.pred_bias[j], s.pred_rope[j],
                                       pred.lm_head[j - 1].weight)  # in the model dtype
         x = choose(logits, j)
 
@@ -233,10 +219,7 @@ class GraphedFrames:
     def __init__(self, talker, max_seq_len: int, capture: bool = True, kernels=None):
         self.talker = talker
         self.kernels = kernels
-        talker_kernels = self.kernels
-        if self.kernels and "attention" in self.kernels.active and not talker_triton_attention():
-            talker_kernels = self.kernels.without("attention")
-        self.fused = {"talker": FusedStack(talker.model, talker_kernels),
+        self.fused = {"talker": FusedStack(talker.model, self.kernels),
                       "predictor": FusedStack(talker.code_predictor.model, self.kernels),
                       "projected": projected_tables(talker)}
         # The talker's attention kernel reads each row's length on the device: one frame graph a bucket for
@@ -255,7 +238,6 @@ class GraphedFrames:
         self.prefill_graphs = None  # PrefillGraphs once precapture() ran
         self.precapture_window = 0  # windows captured per bucket up front (set by precapture())
         self.warm_buckets = ()  # the buckets precapture() captured: smaller runs use them (buckets.bucket_for)
-        self.position = 0
         self.share_prompts = False  # set by open(): takes of one prompt read its K/V from one row's copy
         self.rope_table = None  # the talker's (cos, sin_signed) of every cache position, made with the first state
 
@@ -338,9 +320,8 @@ class GraphedFrames:
             raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
         if self.prefill_graphs is not None and (bucket, self._window(0)) not in self.graphs:
             # The first request of a new takes count captures all its windows here, before its prefill,
-            # instead of one window at a time between its frames (160 ms in the middle of a 4-take request
-            # on an H200). With the torch attention, windows past the precapture window are still captured
-            # when first reached.
+            # instead of one window at a time between its frames (a stall in the middle of its audio). With
+            # the torch attention, windows past the precapture window are still captured when first reached.
             t0 = time.perf_counter()
             self._capture_windows(bucket)
             log.info("frame graphs: captured the %d-row graphs (%s) in %.2f s", bucket, self.reach,
@@ -397,8 +378,7 @@ class GraphedFrames:
         return self.graphs[key]
 
     def next_frame(self, host):
-        self.position = max(host.positions())  # the longest row's next position (bench/profile_frame reads it)
-        window = self._window(self.position)
+        window = self._window(max(host.positions()))  # the longest row's next position
         if self.capture_enabled:
             if self.prefill_graphs is not None and (self.s.batch, window) not in self.graphs:
                 self.late_captures += 1  # after load: this request pays a capture

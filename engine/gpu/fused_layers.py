@@ -16,7 +16,7 @@ path. Per layer and token:
 With Triton that is 6 launches (engine/kernels/linear.py fuses the norms, SwiGLU and residuals into the
 matmuls; at 1-2 rows a split-K launch leaves its sum to the next linear, engine/kernels/split_sum.py), 4 where
 the q/k norm, attention and o_proj fit one launch (engine/kernels/attention_o_proj.py: the code predictor at
-one take; the opt-in engine/kernels/mlp.py would make it 3, measured slower); in torch about 20. `prefill`
+one take); in torch about 20. `prefill`
 runs a fresh prompt's T tokens the same way with ~10 launches a layer (cuBLAS matmuls, which win at T
 rows; one-launch norms and q/k norm + RoPE + cache write; the residuals added in the matmuls' epilogues)
 instead of ~53 op by op. Numerics follow engine/model/layers.py: RMSNorm normalises in fp32, casts back,
@@ -24,19 +24,14 @@ then scales; RoPE tables come in the activation dtype; softmax runs in fp32.
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 
 from ..kernels import Kernels
-from ..kernels._util import ContractError
-from ..kernels.predictor_pass import NotResidentError, PredictorPass
 from ..kernels.split_sum import made
 from ..model.layers import DecoderLayer, DecoderStack, sdpa
 
 NO_KERNELS = Kernels()  # every op runs as its torch reference
-log = logging.getLogger(__name__)
 
 
 class FusedLayer:
@@ -130,7 +125,6 @@ class FusedStack:
         self.stack = stack
         self.layers = [fused(layer) for layer in stack.layers]
         self.ks = kernels or NO_KERNELS  # None or nothing active: every op as its torch reference
-        self.persistent = None  # the predictor_pass launcher, made on first use; False once it fell back
 
     def rope(self, pos: torch.Tensor, dtype):
         cos, sin = self.stack.rotary(pos, dtype)
@@ -166,21 +160,8 @@ class FusedStack:
         norm = self.stack.norm
         return self.ks.linear(x, weight, prologue="rms_norm", norm_weight=norm.weight, eps=norm.eps)
 
-    def predictor_pass(self, x, cache, pos, bias, rope, head_weight, fill_only=False):
-        """One whole pass over the layers: logits [B, V] of head_weight after the final norm, or, when
-        fill_only, only the cache writes (returns None). One persistent launch when the predictor_pass
-        kernel is active (engine/kernels/predictor_pass.py), else the per-layer steps and the head."""
-        run = self._persistent_pass()
-        if run and x.shape[0] <= run.max_rows:
-            try:
-                return run(x, cache, pos, bias, rope, head_weight, fill_only)
-            except (NotResidentError, ContractError) as exc:  # before capture: the warm-up call meets it
-                log.warning("predictor_pass kernel off, the per-layer kernels run instead: %s", exc)
-                self.persistent = False
+    def whole_pass(self, x, cache, pos, bias, rope, head_weight, fill_only=False):
+        """One pass over the layers: logits [B, V] of head_weight after the final norm (fused into the head's
+        matmul), or, when fill_only, only the cache writes (returns None)."""
         h = self.step(x, cache, pos, bias, rope, final_norm=False)
         return None if fill_only else self.head(h[:, -1], head_weight)
-
-    def _persistent_pass(self):
-        if self.persistent is None and "predictor_pass" in self.ks.active:
-            self.persistent = PredictorPass(self)
-        return self.persistent

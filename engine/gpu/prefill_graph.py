@@ -8,7 +8,7 @@ an exact-length prefill (only the matmul shapes differ).
 
 The graphs write K/V into the frame runner's one-row cache (its batch-1 FrameState): a one-take request
 decodes in that very cache, so its prefill needs no copy; rows of a larger batch get the first L positions
-copied into their slots, as the eager prefill (engine.decode.prefill_into) does. The padding rows' K/V land
+copied into their slots, as the eager prefill (engine.slots.prefill_into) does. The padding rows' K/V land
 at positions L..B-1, which a row at position L never reads: the frame attention masks every position past
 its own (as it masks whatever an earlier request left there), so the result is the same as with a copy.
 
@@ -24,8 +24,8 @@ import torch
 from ..model.kv_cache import KVCache
 from .capture import capture
 
-# Padding costs little (a 512-token prefill is ~1 ms of 0.6B matmuls); each bucket adds ~0.1 s to the
-# load. Longer prompts run eagerly, where their own compute already outweighs the launches.
+# Padding costs little next to the launches it saves, and each bucket adds a little to the load. Longer prompts
+# run eagerly, where their own compute already outweighs the launches.
 PREFILL_BUCKETS = (64, 128, 256, 512)
 
 
@@ -71,7 +71,7 @@ class PrefillGraphs:
         return self.fused.prefill(self.x[:, :b], self.cache, (self.rope[0][:b], self.rope[1][:b]))
 
     def run(self, prompt, cache: KVCache, rows) -> torch.Tensor | None:
-        """Prefill `prompt` into rows `rows` (a list) of `cache` (as engine.decode.prefill_into does): the last
+        """Prefill `prompt` into rows `rows` (a list) of `cache` (as engine.slots.prefill_into does): the last
         hidden state [1, H], or None when no captured bucket holds the prompt (the caller prefills eagerly).
         Row 0 of the graphs' own cache is written in place (no copy)."""
         length = prompt.prefill.shape[1]

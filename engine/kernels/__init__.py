@@ -3,7 +3,7 @@
 
 Importing this package never imports Triton: each kernel module builds its Triton function on first
 use. Every kernel module holds the kernel, its launcher and a plain-torch `reference` with the same
-numerics as engine/gpu/fused_layers.py and engine/gpu/graph_sampling.py; the reference is the "off"
+numerics as engine/gpu/fused_layers.py (sample.choose for the sampling); the reference is the "off"
 path and the test oracle.
 
 Use:
@@ -31,15 +31,6 @@ from ..errors import Qwen3TTSError
 # frame_glue: the frame graph's steps between the predictor and the talker, and after the talker (frame_glue.py).
 NAMES = ("linear", "rms_norm", "qk_norm_rope_kv", "attention", "rope_attention", "attention_o_proj", "sample",
          "frame_glue", "snake", "snake_conv1x1")
-# Opt-in kernels (both measured slower than the launches they replace): known to Kernels, but "auto"/"on" pick
-# each only when its environment variable is "1".
-#   predictor_pass: the whole code-predictor pass as one persistent launch (predictor_pass.py);
-#   mlp: a decoder layer's gate/up and down linears as one launch, up to two rows (mlp.py).
-PERSISTENT_PREDICTOR_ENV = "QWEN3TTS_PREDICTOR_PASS"
-FUSED_MLP_ENV = "QWEN3TTS_FUSED_MLP"
-OPT_IN = {"predictor_pass": PERSISTENT_PREDICTOR_ENV, "mlp": FUSED_MLP_ENV}
-OPTIONAL = tuple(OPT_IN)
-PDL_ENV = "QWEN3TTS_PDL"
 MODES = ("auto", "on", "off")
 
 
@@ -94,20 +85,16 @@ class Kernels:
     """Dispatch table of one engine instance: each op runs as Triton if its name is in `active`."""
 
     def __init__(self, active=(), pdl=False, counters=None):
-        unknown = set(active) - set(NAMES + OPTIONAL)
+        unknown = set(active) - set(NAMES)
         if unknown:
-            raise ValueError(f"unknown kernels {sorted(unknown)}; known: {NAMES + OPTIONAL}")
-        self.active = tuple(n for n in NAMES + OPTIONAL if n in active)
+            raise ValueError(f"unknown kernels {sorted(unknown)}; known: {NAMES}")
+        self.active = tuple(n for n in NAMES if n in active)
         self.pdl = bool(pdl) and bool(self.active)  # launch with programmatic dependent launch (pdl.py)
-        # The split kernels' arrival counters (counters.py): this engine's own, shared with its `without` tables
+        # The split kernels' arrival counters (counters.py): this engine's own, so Engine.release can free them
         self.counters = _module("counters").Counters() if counters is None else counters
 
     def __repr__(self) -> str:
         return f"Kernels(active={self.active}, pdl={self.pdl})"
-
-    def without(self, name: str) -> Kernels:
-        """The same table with `name` running as its torch reference."""
-        return Kernels([n for n in self.active if n != name], pdl=self.pdl, counters=self.counters)
 
     def __bool__(self) -> bool:
         return bool(self.active)
@@ -122,10 +109,9 @@ class Kernels:
 
     def defers(self, producer: str, rows: int) -> bool:
         """Whether a `producer` launch ("linear", "attention_o_proj") of `rows` rows may leave its split-K sum to
-        the next linear (split_sum.py): both run as Triton, and no opt-in launch that takes no SplitSum (the
-        fused MLP) sits between them."""
+        the next linear (split_sum.py): both run as Triton."""
         limit = _module("split_sum").DEFER_ROWS.get(producer, 0)
-        return "linear" in self.active and producer in self.active and "mlp" not in self.active and rows <= limit
+        return "linear" in self.active and producer in self.active and rows <= limit
 
     def linear(self, x, weight, defer=False, **kw):
         """x: a tensor, or a SplitSum left by a deferred launch (only ever given where the Triton linear runs).
@@ -181,13 +167,10 @@ class Kernels:
                            defer=defer and self.defers("linear", b))
 
     def mlp(self, x, gate_up, norm_weight, eps, down, defer=False):
-        """x + down(SwiGLU(rms_norm(x) @ gate_up^T)) -> like x: one Triton launch when the opt-in "mlp" is active
-        and fits (mlp.fits: up to two rows), else the two linears by their own switch. x may be a SplitSum (the
-        gate/up launch makes it); defer: the down launch may leave its sum to the next linear."""
-        fused = _module("mlp")
+        """x + down(SwiGLU(rms_norm(x) @ gate_up^T)) -> like x, as two linears: the norm in the gate/up launch's
+        prologue, SwiGLU in the down launch's prologue and the residual in its epilogue. x may be a SplitSum (the
+        launch before left its sum); defer: the down launch may leave its own sum to the next linear."""
         rows = x.shape[:-1].numel()
-        if "mlp" in self.active and fused.fits(rows, x.shape[-1], down.shape[1]):
-            return fused.mlp(x, gate_up, norm_weight, eps, down, pdl=self.pdl, counters=self.counters)
         gu = self.linear(x, gate_up, prologue="rms_norm", norm_weight=norm_weight, eps=eps)
         return self.linear(gu, down, prologue="silu_mul", residual=_module("split_sum").made(x),
                            defer=defer and self.defers("linear", rows))
@@ -218,9 +201,7 @@ class Kernels:
 def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
     """Kernels for one engine instance and a sentence saying what was chosen and why.
 
-    "off": references only. "on": all of NAMES, or KernelUnavailableError. "auto": on when available().
-    OPTIONAL kernels join "on"/"auto" only where the environment opts in (OPT_IN: QWEN3TTS_PREDICTOR_PASS=1,
-    QWEN3TTS_FUSED_MLP=1)."""
+    "off": references only. "on": all of NAMES, or KernelUnavailableError. "auto": on when available()."""
     if mode not in MODES:
         raise ValueError(f"kernels must be one of {MODES} (got {mode!r})")
     if mode == "off":
@@ -232,9 +213,8 @@ def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
         if mode == "on":
             raise KernelUnavailableError(f"kernels='on' but the Triton kernels cannot run: {why}")
         return Kernels(), f"triton kernels off (auto): {why}"
-    opted = tuple(name for name, env in OPT_IN.items() if os.environ.get(env, "0") == "1")
     pdl, pdl_why = _pdl_choice(device)
-    ks = Kernels(NAMES + opted, pdl=pdl)
+    ks = Kernels(NAMES, pdl=pdl)
     if not interpreting():
         _prehash_triton()
     return ks, f"triton kernels on ({why}): {', '.join(ks.active)}; {pdl_why}"
@@ -244,7 +224,7 @@ def _prehash_triton() -> None:
     """Start Triton's one-time cache key on a thread now, so it overlaps the weights' loading.
 
     The first kernel a process compiles or loads from the cache waits for Triton to hash its own
-    ~500 MB library (0.34 s of an H100 machine's load; bench/results/load_profile_0.6b_h100.json).
+    ~500 MB library, a noticeable part of a load.
     hashlib releases the GIL, so the thread runs beside the loader. The result is cached by Triton; if
     the first kernel comes before the thread is done, Triton computes it again, as it would have anyway."""
     try:
@@ -260,11 +240,8 @@ def _prehash_triton() -> None:
 
 
 def _pdl_choice(device) -> tuple[bool, str]:
-    """Programmatic dependent launch rides with the kernels where the device has it (Hopper+);
-    QWEN3TTS_PDL=0 turns it off (for A/B measurements)."""
+    """Programmatic dependent launch rides with the kernels where the device has it (Hopper+)."""
     from . import pdl
 
-    if os.environ.get(PDL_ENV, "1") == "0":
-        return False, f"programmatic dependent launch off ({PDL_ENV}=0)"
     ok, why = pdl.support(device)
     return ok, "programmatic dependent launch on" if ok else f"programmatic dependent launch off: {why}"

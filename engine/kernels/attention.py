@@ -32,40 +32,14 @@ from . import counters as arrivals
 from . import emulate_rne, interpreting
 from . import qk_norm_rope_kv as kq
 from ._util import next_pow2, require, sm_count
+from .attention_plan import CONFIG, FUSE_MIN_ROWS, SPLIT_MIN_WINDOW, plan
 from .pdl import launch_options
+
+__all__ = ["CONFIG", "FUSE_MIN_ROWS", "SPLIT_MIN_WINDOW", "attention", "plan", "position_bias", "reference",
+           "rope_attention", "rope_reference"]
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
 triton = tl = _pdl_enter = _round = _rope_q_kv = _attend_window = _split_m = _split_l_acc = _finite_top = None
-
-# Split-KV launch plan. Windows below SPLIT_MIN_WINDOW run one program per (row, kv head). Longer ones
-# are cut into chunks (multiples of BLOCK_N, at least MIN_CHUNK positions) so that B * nkv * splits is
-# about PROGRAMS_PER_SM programs per SM. USE_DOT: the two products on tensor cores (query heads padded to
-# 16 rows; bf16 / fp16 probabilities rounded to the dtype before the V product, as the torch path does)
-# instead of FMAs. Chosen from bench/kernel_bench.py --attention (H200, bf16, talker shapes nh 16, nkv 8,
-# D 128, caches past L2; bench/results/attention_sweep_bf16_h200.json): tensor cores, BLOCK_N 32, 4 warps
-# is the fastest shape everywhere and beats torch's four ops at every window: B = 1, W 256 / 512 / 1024 /
-# 2048: 6.0 / 6.9 / 9.6 / 14.8 us against 11.0 / 12.6 / 15.6 / 21.2; B = 16: 12.7 / 17.8 / 27.3 / 46.1
-# against 15.3 / 20.2 / 33.6 / 54.7. FMA products at 8 warps were 1.5-4x slower than that (B = 16, W 256:
-# 37 us), at 4 warps they need 241 registers a thread.
-SPLIT_MIN_WINDOW = 128
-# rope_attention (q/k norm + RoPE + cache write fused in front of the attention) pays from this many rows
-# up. bench/results/layer_step_h100.json (H100, bf16, 0.6B layer steps in a graph, PDL on), us a layer step,
-# two launches -> fused: 1 row 25.7 -> 26.1 (window 16), 27.8 -> 30.6 (256), 30.9 -> 33.0 (768); 4 rows
-# 34.3 -> 34.3, 38.8 -> 37.8, 42.7 -> 42.1; 16 rows 35.7 -> 34.9, 45.1 -> 43.8, 57.2 -> 56.2. At one row
-# the program that writes k / v must finish that before its window loads start (and a split program
-# normalises its query heads padded to 16 rows), which costs more than the launch it saves.
-FUSE_MIN_ROWS = 4
-CONFIG = {"BLOCK_N": 32, "MIN_CHUNK": 32, "PROGRAMS_PER_SM": 4, "num_warps": 4, "num_stages": 2, "USE_DOT": True,
-          "ONE_WARPS": 4, "FUSED_ONE_WARPS": 2, "COMBINE_BLOCK": 32}
-# ONE_WARPS / FUSED_ONE_WARPS: warps of the one-program path (short windows), without / with rope_attention's
-# fused prologue (2: 34.4 against 34.9 us a layer step at 16 rows, 34.0 against 34.4 at 4;
-# bench/results/layer_step_h100.json). Putting the token's new k / v rows in place from registers, instead of
-# re-reading them from the cache after a barrier, measured slower at every row count and window (1 row,
-# window 16: 27.4 against 26.3 us; the split kernel needs 244 registers a thread with it), so it was dropped
-# (bench/results/rope_attention_h100.md).
-# COMBINE_BLOCK: splits the last program combines per round of loads. Up to this many it loads every split's
-# partial at once (one L2 round trip instead of two: the maxima, then the rest); more go in rounds of this size.
-
 
 def position_bias(pos, rows: int, room: int, dtype) -> torch.Tensor:
     """The additive mask [rows, 1, 1, room] of rows that attend positions 0..pos (pos one a row, or one for all)."""
@@ -93,47 +67,6 @@ def rope_reference(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, 
     return reference(q, k_cache, v_cache, bias, scale, pos=pos)
 
 
-def plan(b: int, nkv: int, window: int, sms: int = 132, chunk: int | None = None, config=None,
-         block_n: int = 16, fused: bool = False, device_length: bool = False) -> dict:
-    """Launch parameters (pure Python, testable without a GPU).
-
-    chunk: positions per split program; None lets the plan choose (one program per (row, kv head) below
-    SPLIT_MIN_WINDOW), a chunk >= window forces one program. `config` overrides CONFIG entries;
-    `block_n` is the block of the one-program path; `fused`: rope_attention's launch.
-    device_length: one split grid for every row length up to `window` (the caches' room). Each row's program
-    cuts its own length, read on the device, as this plan cuts a window of that length: at most `want`
-    chunks of at least `chunk` positions (MIN_CHUNK when None), in multiples of BLOCK_N. The grid holds the
-    most chunks any length can need; the programs past a row's own count return at once."""
-    cfg = {**CONFIG, **(config or {})}
-    want = max(1, cfg["PROGRAMS_PER_SM"] * sms // max(1, b * nkv))
-    if device_length:
-        least = chunk or cfg["MIN_CHUNK"]
-        return _split_plan(cfg, max(1, min(want, -(-window // least))), least, want)
-    one = {"splits": 1, "chunk": window, "BLOCK_N": block_n, "num_warps": cfg["FUSED_ONE_WARPS" if fused else "ONE_WARPS"]}
-    if chunk is None:
-        if window < SPLIT_MIN_WINDOW:
-            return one
-        step = cfg["BLOCK_N"]
-        chunk = max(cfg["MIN_CHUNK"], -(-window // want))
-        chunk = -(-chunk // step) * step
-    if chunk >= window:
-        return one
-    splits = -(-window // chunk)
-    return _split_plan(cfg, splits, chunk, splits)
-
-
-def _split_plan(cfg: dict, splits: int, chunk: int, want: int) -> dict:
-    """The split path's launch: `splits` programs a (row, kv head) over chunks of `chunk` positions (with device
-    lengths, the least chunk), each row spread over at most `want` of them."""
-    block = min(cfg["BLOCK_N"], next_pow2(chunk))
-    if cfg["USE_DOT"]:
-        block = max(16, block)
-    sp = next_pow2(splits)
-    return {"splits": splits, "chunk": chunk, "want": want, "BLOCK_N": block, "num_warps": cfg["num_warps"],
-            "num_stages": cfg["num_stages"], "USE_DOT": bool(cfg["USE_DOT"]), "SP": sp,
-            "SB": min(sp, cfg["COMBINE_BLOCK"])}
-
-
 @functools.cache
 def _kernel():
     global triton, tl, _pdl_enter, _round, _rope_q_kv, _attend_window, _split_m, _split_l_acc, _finite_top
@@ -150,7 +83,7 @@ def _kernel():
         """Query heads q [G, D] over a whole window k, v [S, D] (fp32, S a power of two) with the additive
         bias [S] (-inf masks, padding included) -> [G, D] in fp32, in one tile (no online softmax): scores
         rounded to dt, the scaled bias add rounded again, softmax in fp32, probabilities unrounded. For the
-        kernels that hold a short window at once (attention_o_proj, predictor_pass)."""
+        kernels that hold a short window at once (attention_o_proj)."""
         sc = _round(tl.sum(q[:, None, :] * k[None, :, :], axis=2), dt, EMULATE_RNE).to(tl.float32)
         sc = _round(bias[None, :] + scale * sc, dt, EMULATE_RNE).to(tl.float32)
         p = tl.exp(sc - tl.max(sc, axis=1)[:, None])

@@ -4,9 +4,7 @@ positions) and one or two rows (replaces qk_norm_rope_kv, attention and the o_pr
     y = residual + attention(q/k norm + RoPE of qkv, caches with this token's k / v at pos) @ Wo^T
 
 Why: at one take a predictor layer's attention is two tiny launches in a chain of six, each paying a
-kernel boundary (bench/results/attention_o_proj_h100.md: dropping the two from the frame graph, a wrong
-result but a bound, saved 0.41 of 3.12 ms a frame). Here the o_proj's split-K programs make their own
-attention input instead: 2.84 ms a frame.
+kernel boundary. Here the o_proj's split-K programs make their own attention input instead.
 
 Work split: grid (column blocks of Wo, kv heads). The program of kv head h owns the K slice of Wo that
 h's G query heads feed (G x D columns); it preloads that weight tile before the PDL wait (weights are never
@@ -45,15 +43,13 @@ triton = tl = _pdl_enter = _round = _heads_norm_rope = _token_kv = _live_row = _
 # The launch runs rows up to MAX_ROWS (the linear kernel's FMA rows; above, the tensor-core paths win and
 # the attention work per program grows with rows) and windows up to MAX_WINDOW (the whole window is one
 # tile; the talker's long windows keep the split-KV kernel). Kernels.attention_o_proj uses it where `fits`:
-# up to FUSE_ROWS rows (2 rows measured slower than the three launches: each program makes both rows'
-# attention one after the other; bench/results/attention_o_proj_h100.md).
+# up to FUSE_ROWS rows (at 2 rows each program makes both rows' attention one after the other, slower than
+# the three launches).
 MAX_ROWS = kl.FMA_ROWS
 FUSE_ROWS = 1
 MAX_WINDOW = 64
-# Column block and warps from whole-frame graph timings (0.6B, one take, H100, PDL on;
-# bench/results/attention_o_proj_h100.md), ms a frame: BLOCK_N 16 / 32 / 64 at 4 warps 3.062 / 2.932 / 2.847,
-# 64 at 8 warps 2.840, 32 at 2 warps 2.849, 16 at 1 warp 2.856 (the three launches: 3.12). 64 columns make
-# 16 column blocks x 8 kv heads = 128 programs, one wave on an H100.
+# Column block and warps: the fastest in whole-frame graph timings. 64 columns make 16 column blocks x 8 kv
+# heads = 128 programs, one wave on an H100.
 CONFIG = {"BLOCK_N": 64, "num_warps": 8}
 
 

@@ -4,12 +4,9 @@
                   and the talker's RoPE angles (cos, sin) at each row's position
     frame_tail:   hidden = final RMSNorm of the talker's output; the row bookkeeping (valid, t, finished, pos)
 
-Why: at one take these are 18 launches of 1-2 us each between the code predictor, the talker and the next
-frame (stack, cat, copy, sum, minimum, add, index_select x3; the final norm, copy, add, >=, or, not, add),
-about 37 us of a 2.6 ms frame on an H200 (bench/results/split_sum_h200.md). torch launches also break
-the programmatic-dependent-launch chain: the kernel after one cannot start early. With the sampler writing
-into the frame's slots (no stacking) and these two, a one-take 0.6B frame has 522 kernels instead of 539 and
-takes 2.551 ms instead of 2.578 (H200; bench/results/frame_glue_h200.md).
+Why: at one take these are 18 tiny launches between the code predictor, the talker and the next frame (stack,
+cat, copy, sum, minimum, add, index_select x3; the final norm, copy, add, >=, or, not, add). torch launches
+also break the programmatic-dependent-launch chain: the kernel after one cannot start early.
 
 Programs: talker_input one a row and 256 columns, frame_tail one a row (its norm needs the whole row).
 Numerics as the torch ops they replace: the embedding sum accumulates in fp32 and rounds once to the dtype (as

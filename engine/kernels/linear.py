@@ -5,8 +5,8 @@
 where the prologue is nothing, an RMSNorm over the row (norm weight applied), or SwiGLU of a merged
 gate/up row (x = [gate | up], 2K wide). It replaces, per decoder layer, rms_norm + qkv matmul,
 o_proj addmm (its copy of the residual and cuBLAS's split-K reduce), rms_norm + gate/up matmul and
-silu_mul + down addmm: cuBLAS runs these M = 1 shapes at 0.3-2 TB/s (bench/results/profile_*.json),
-far from HBM bandwidth, because few output columns leave most SMs idle.
+silu_mul + down addmm: cuBLAS runs these M = 1 shapes far below HBM bandwidth, because few output columns
+leave most SMs idle.
 
 Work split: each program owns BLOCK_N output columns and a run of K; when there are few columns the
 K range is split over several programs (split-K). Their fp32 partials go to a workspace, and the
@@ -27,9 +27,14 @@ import torch.nn.functional as F
 
 from . import counters as arrivals
 from . import emulate_rne, interpreting
-from ._util import next_pow2, require, sm_count
+from ._util import require, sm_count
+from .linear_plan import (CONFIG, FMA_ROWS, SWIGLU_IN_DOT_MAX_K, defers_here, norm_steps, one_tile_row, plan,
+                          unrolled_splits)
 from .pdl import launch_options
 from .split_sum import SplitSum
+
+__all__ = ["CONFIG", "FMA_ROWS", "MAX_ROWS", "PROLOGUES", "SWIGLU_IN_DOT_MAX_K", "apply_prologue", "exact", "linear",
+           "norm_steps", "one_tile_row", "plan", "reference", "unrolled_splits"]
 
 # Bound on first use by _kernel() (a jit function finds the helpers it calls among its module's globals).
 triton = tl = _round = _rms_apply = _x_tile = _x_input = _sum_sq = _mma = _act = _finish = _pdl_enter = None
@@ -286,92 +291,6 @@ def _kernel():
     return linear_kernel
 
 
-# Launch shapes from the decode-shape sweeps (bench/kernel_bench.py --linear-sweep, results in
-# bench/results/linear_sweep_bf16.json and, for 3+ rows, linear_sweep_bf16_rows16_8_4_*_h200.json) and
-# whole-frame timings (bench/results/linear_rows16_h200.md). Up to FMA_ROWS rows the matmul runs as FMAs
-# over [rows, 8, 1024] tiles with 4 programs per SM. Above, on tensor cores (rows padded to 16) with one
-# program per SM: plain matmuls as [16+, 32, 256] tiles of rows x weight columns, those with a fused
-# prologue as the swapped product over [64, 16+, 256] tiles (64 weight rows on the MMA's M side), so each
-# program's prologue work (the row's sum of squares, the SiLU) is spread over more weight. (32-row swapped
-# tiles time faster for RMSNorm in the sweep, which runs without PDL, but slower in the PDL frame graph.)
-# Where the 64-row tiles alone would be more than one wave of programs, the plain tiles run instead.
-# PROGRAMS_PER_SM sets how far K is split when N is narrow.
-FMA_ROWS = 2
-_DOT = {"BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 1, "SWAP_AB": False}
-CONFIG = {"fma": {"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 3, "PROGRAMS_PER_SM": 4},
-          "dot": _DOT,
-          "dot_rms_norm": {**_DOT, "SWAP_AB": True, "BLOCK_N": 64},
-          "dot_silu_mul": {**_DOT, "SWAP_AB": True, "BLOCK_N": 64}}
-
-
-SWIGLU_IN_DOT_MAX_K = 4096
-
-
-# The last split-K arrival sums up to this many partials in one unrolled round of loads; more in a loop.
-UNROLL_SPLITS = 16
-
-
-def unrolled_splits(splits: int) -> int:
-    """`_finish`'s SP for a launch of `splits` programs per column block (0: the loop)."""
-    return next_pow2(splits) if 1 < splits <= UNROLL_SPLITS else 0
-
-
-# The RMSNorm prologue's sum of squares over the rows is unrolled (its loads go out together) while the rows'
-# tiles hold at most this many values; past it the loop keeps the registers: at 16 rows a 2048-wide row would
-# take 8 steps of [16, 256], and ptxas spills 728 bytes a thread there (bench/register_usage.py).
-# Measured (H100; bench/results/norm_unroll_h100.md): frame graphs 0.6B 16 takes 4.116 -> 4.058 ms, 1.7B one take
-# 3.673 -> 3.650; the 250-frame bench's 16 takes 4.68 -> 4.61 ms a batched frame.
-UNROLL_NORM_VALUES = 16 * 1024
-
-
-def norm_steps(k: int, block_k: int, block_m: int) -> int:
-    """The kernel's SS_STEPS for block_m rows K wide, read in block_k steps (0: the loop)."""
-    steps = -(-k // block_k)
-    return steps if steps * block_k * block_m <= UNROLL_NORM_VALUES else 0
-
-
-def plan(m: int, n: int, k: int, config=None, target=None, sms: int = 132, prologue: str = "none") -> dict:
-    """Launch parameters for an [m, k] x [k, n] decode matmul (pure Python, testable without a GPU).
-
-    `config` overrides the chosen path's CONFIG entries ("FMA_ROWS" included); `target` the program count.
-    "PROLOGUE" is the prologue the kernel runs: a long SwiGLU on tensor cores is left to torch (none)."""
-    fma_rows = (config or {}).get("FMA_ROWS", FMA_ROWS)
-    use_dot = m > fma_rows
-    if prologue == "silu_mul" and use_dot and k > SWIGLU_IN_DOT_MAX_K:
-        prologue = "none"
-    path = "fma" if not use_dot else "dot" if prologue == "none" else f"dot_{prologue}"
-    if path != "dot" and use_dot and -(-n // CONFIG[path]["BLOCK_N"]) > CONFIG[path]["PROGRAMS_PER_SM"] * sms:
-        path = "dot"  # more swapped tiles than one wave of programs (1.7B gate_up): the plain ones measured faster
-    cfg = {**CONFIG[path], **(config or {})}
-    target = cfg["PROGRAMS_PER_SM"] * sms if target is None else target
-    block_n, block_k = cfg["BLOCK_N"], cfg["BLOCK_K"]
-    if use_dot:
-        block_n = max(16, block_n)
-    n_blocks = -(-n // block_n)
-    k_blocks = -(-k // block_k)
-    splits = max(1, min(k_blocks, round(target / n_blocks)))
-    chunk = -(-k_blocks // splits) * block_k
-    splits = -(-k // chunk)  # no empty programs
-    block_m = max(16, next_pow2(m)) if use_dot else next_pow2(m)
-    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
-            "BLOCK_M": block_m, "USE_DOT": use_dot, "SWAP_AB": use_dot and bool(cfg.get("SWAP_AB", False)),
-            "n_blocks": n_blocks, "splits": splits, "chunk": chunk, "PROLOGUE": prologue, "target": target}
-
-
-def one_tile_row(n: int) -> bool:
-    """Whether a row n wide is one FMA tile of K for the linear that takes it, so a deferred sum's consumer makes
-    it once: a 2048-wide row is made twice (for the norm, then for the product), and the 1.7B's talker measured
-    0.03 ms a frame slower with its sums deferred (bench/results/split_sum_h200.md)."""
-    return n <= CONFIG["fma"]["BLOCK_K"]
-
-
-def defers_here(p: dict, n: int) -> bool:
-    """Whether a split launch planned as `p` with n output columns leaves its sum to the next linear
-    (split_sum.py): on the FMA path only (the tensor-core path's tiles of partials overflow shared memory: 249 KB
-    at 16 rows) and where the consumer takes the row in one tile."""
-    return not p["USE_DOT"] and one_tile_row(n)
-
-
 def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
            config=None, target=None, pdl=False, counters=None, defer=False):
     """x [..., K] (or [..., 2K] for silu_mul) with rows contiguous; weight [N, K] row-major -> [..., N].
@@ -404,9 +323,7 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
             f"input {tuple(x.shape)} for weight {tuple(weight.shape)}, {prologue}")
     p = plan(m, n, k, config, target, sm_count(x.device), prologue)
     if code == 2 and p["PROLOGUE"] == "none":
-        # Measured (bench/results/linear_sweep_bf16_rows8.json): on the tensor-core path a long SwiGLU
-        # prologue starves the loads (1.7B down_proj, 8 rows: 43.5 us fused, 17.9 us in torch). There the
-        # SwiGLU runs as its two torch ops and this kernel does the matmul and the residual.
+        # A long SwiGLU on the tensor-core path (SWIGLU_IN_DOT_MAX_K): its two torch ops, then the matmul here.
         x2, code = apply_prologue(x2, "silu_mul"), 0
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     res = residual.reshape(m, n) if residual is not None else y

@@ -1,8 +1,8 @@
 """Programmatic dependent launch (PDL, Hopper and newer): a kernel may start while the one before it
 in the stream is still running, and waits for it only where it needs its results.
 
-A decode frame is ~800 small launches back to back; each GEMV reads a few MB of weights in ~5 us of
-which only ~1.5 us is bytes at HBM speed: the rest is the launch, the DRAM latency ramp and the tail.
+A decode frame is hundreds of small launches back to back; each GEMV reads a few MB of weights, and most of
+its time is the launch, the DRAM latency ramp and the tail, not bytes at HBM speed.
 With PDL the next launch's programs are already resident when the previous kernel drains, and the
 linear kernel issues its weight loads (weights are never written) before it waits, so those bytes
 stream in under the previous kernel's tail.

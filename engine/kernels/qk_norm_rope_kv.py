@@ -78,7 +78,7 @@ def _kernel():
     def _heads_norm_rope(row_ptr, w_ptr, heads, ok, cols, rot, c, s, eps, D: tl.constexpr, dt: tl.constexpr,
                          EMULATE_RNE: tl.constexpr):
         """RMSNorm over each head [R, D] then RoPE, rounding as `_norm_rope` (the torch path) does.
-        Shared by the fused attention (_rope_q_kv) and the persistent predictor pass."""
+        Shared by the fused attention (_rope_q_kv)."""
         src = row_ptr + heads[:, None] * D
         x = tl.load(src + cols[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
         xr = tl.load(src + rot[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)

@@ -1,7 +1,8 @@
 """Fused graph-safe sampling of one id per row in one launch (replaces ~22 kernels per choose, and for
 codebook 0 also the penalty / suppression / seen / finished kernels and the uniforms).
 
-Semantics are exactly engine.gpu.graph_sampling.choose, with every setting a 0-d device tensor:
+Semantics are exactly `choose` below (the torch path), with every setting a 0-d device tensor, so changing
+one never forces a graph's recapture:
 greedy argmax when not do_sample; else x = logits / temperature, top-k keeps ids with x >= the value
 at sorted position k_index (ties kept), probabilities are the softmax over those, top-p keeps the
 smallest prefix of the descending order whose mass reaches p (the first always kept), and the id is the
@@ -37,12 +38,35 @@ from .pdl import launch_options
 triton = tl = libdevice = _exp = _log = _mix32 = _order_key = _copy_row = _pdl_enter = None  # bound by _kernel()
 
 
+def kth_index(top_k: int, vocab: int) -> int:
+    """Sorted position of the k-th largest logit (top_k = 0 or >= vocab keeps everything)."""
+    return min(top_k, vocab) - 1 if top_k > 0 else vocab - 1
+
+
+def choose(logits, do_sample, temperature, k_index, top_p, u, first, out=None):
+    """logits [B, V] float32, u [B, V] uniforms in (0, 1) -> ids [B] (written into `out` when given).
+
+    k_index: 0-d long from kth_index(); first: bool [B, V] with only column 0 set (a static buffer).
+    """
+    greedy = torch.argmax(logits, dim=-1)
+    sorted_logits, order = torch.sort(logits / temperature, dim=-1, descending=True)
+    kth = sorted_logits.index_select(-1, k_index.view(1))
+    keep = sorted_logits >= kth
+    probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    keep = keep & ((mass_before < top_p) | first)
+    race = (probs * keep) / (-torch.log(u.gather(-1, order)))
+    sampled = order.gather(-1, torch.argmax(race, dim=-1, keepdim=True)).squeeze(-1)
+    if out is None:
+        return torch.where(do_sample, sampled, greedy)
+    return torch.where(do_sample, sampled, greedy, out=out)
+
+
 def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
               first=None, penalty=None, seen=None, banned=None, eos_mask=None, t=None, min_new=None,
               finished=None, update=False, embed=None, embed2=None, out_ids=None, out_rows=None):
-    """The torch ops of frame_graph.frame_body / graph_sampling.choose (the off path and the oracle)."""
+    """The torch ops of frame_graph.frame_body / choose (the off path and the oracle)."""
     from .. import sampling
-    from ..gpu import graph_sampling
 
     logits = logits.float()
     if penalty is not None:
@@ -55,7 +79,7 @@ def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=No
     if first is None:
         first = torch.zeros(b, vocab, dtype=torch.bool, device=logits.device)
         first[:, 0] = True
-    ids = graph_sampling.choose(logits, do_sample, temperature, k_index, top_p, u, first, out=out_ids)
+    ids = choose(logits, do_sample, temperature, k_index, top_p, u, first, out=out_ids)
     if update:
         seen.scatter_(1, ids[:, None], True)
         finished |= eos_mask[ids]
@@ -206,9 +230,7 @@ def _kernel():
 
 
 # Warps of the one program per row, at every vocabulary: the bisection's row-wide passes are the cost, so
-# more threads win. bench/small_kernels_bench.py, H100, PDL, bf16 logits, top-k 50, us a launch at 8 / 16
-# warps with the 16-bit keys: 2048 ids 8.84 / 8.04 (16 rows: 9.37 / 8.62), 3072 ids 14.73 / 12.49; the
-# 32-bit keys before them, 8 warps: 9.50, 13.33, 19.55 (bench/results/sample_h100.md).
+# more threads win.
 WARPS = 16
 
 
@@ -219,7 +241,7 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
 
     Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
-    graph_sampling.kth_index). Uniforms: u [B, V] float32, or keys [B] long + step (1-elem long device
+    kth_index). Uniforms: u [B, V] float32, or keys [B] long + step (1-elem long device
     tensor, or [B]: one frame index per row) + slot (int) to draw them inside.
     Codebook 0: penalty (0-d float32), seen [B, V] bool, banned / eos_mask [V] bool, t (1 or [B]) /
     min_new long;

@@ -2,16 +2,14 @@
 
 torch runs it as five elementwise kernels (x*freq, sin, pow, mul, add: each reads and writes the whole
 activation). Rounding: every step is computed in fp32 and rounded to x.dtype where torch's expression in
-engine/codec/decoder.SnakeBeta rounds (after x*freq, after sin, after the square, after the product, after
-the sum; in fp32 these are no-ops). It is not bit for bit torch's CUDA result: measured on an H200
-(bench/codec_piece_bench.py --snake-exactness), about 15% of elements differ by one ulp of the output (fp32:
-<= 9.5e-7; bf16: one bf16 ulp); the rest are equal.
+engine/codec/conv.SnakeBeta rounds (after x*freq, after sin, after the square, after the product, after
+the sum; in fp32 these are no-ops). It is not bit for bit torch's CUDA result: a small share of elements
+differ by one ulp of the output (docs/PERFORMANCE_NOTES.md); the rest are equal.
 
 The sine: fp32 activations use libdevice sinf. bf16 / fp16 ones, rounded to 8 or 11 bits right after the sine,
 use the hardware sine (sin.approx, absolute error ~5e-7 on [-pi, pi]) of the argument reduced to [-pi, pi]: the
-accurate sinf's range reduction and polynomials made the 16-row codec piece's SnakeBeta instruction-bound
-(a 16-row, 16-frame piece's 29 launches: 2.35 ms with sinf, 1.90 ms with this sine, H100, two calls; on 47 M
-codec-like bf16 activations the output was bit-identical to sinf's: bench/results/codec_fused_h100.md). Under
+accurate sinf's range reduction and polynomials make the wide codec pieces' SnakeBeta instruction-bound, and
+after the rounding to 8 or 11 bits the two sines give the same outputs on codec-like activations. Under
 the interpreter (CPU tests) the reduced argument goes to numpy's sine, so the reduction is what those tests check.
 
 freq = exp(alpha) and inv_mag = 1 / (exp(beta) + 1e-9) come precomputed in x.dtype (SnakeBeta.params). An
@@ -39,9 +37,8 @@ triton = tl = _sin = _sin_reduced = _hw_sin = _round = _to_fp32 = _plus_bias = _
 # rest (fp32) use libdevice sinf. Benches empty it to time the accurate sine.
 FAST_SIN_DTYPES = (torch.bfloat16, torch.float16)
 
-# TILE: elements a program (4 warps, 8 per thread): 32 or 64 channels x 32 or 16 time steps. 1024 against 2048:
-# 6-10% faster at every width of a 16-row, 16-frame piece (bench/results/codec_fused_h100.md). `snake`'s
-# config overrides these (the bench's sweep).
+# TILE: elements a program (4 warps, 8 per thread): 32 or 64 channels x 32 or 16 time steps, the fastest tile at
+# every width of the codec's pieces. `snake`'s config overrides these.
 CONFIG = {"TILE": 1024, "num_warps": 4}
 
 

@@ -5,7 +5,7 @@
 h is the unit's dilated conv output (its bias left to here), x the unit's input. torch runs this as the
 SnakeBeta launch, a matmul and the residual add: the activation is written and read back, the matmul's
 output written and read back, and x read, three passes more over the largest tensors of the codec's
-waveform path (the 16-row, 16-frame piece: bench/results/codec_fused_h100.md). Here each program
+waveform path. Here each program
 activates a [BLOCK_M rows, BLOCK_K channels] tile of h in registers, multiplies it on tensor cores, and
 adds the bias and the residual to its output tile.
 
@@ -109,12 +109,8 @@ def _kernel():
 
 
 # Tiles: rows x output channels x input channels a step. One column block up to 256 output channels, so the
-# activation is computed once per element. From bench/codec_fused_bench.py --sweep (H100, CUDA-graph timed,
-# bench/results/codec_fused_h100.md), against the three launches it replaces:
-#   96 channels:  1 row, 1 frame 3.9 us against 7.0; 16 rows, 16 frames 165 us against 281;
-#   192 channels: 4.6 against 6.7; 156 against 181;
-#   384 and 768 channels: slower (16 rows: 120 against 99, 83 against 42; the activation is small there and each
-#   column block recomputes it), so those units keep the three launches.
+# activation is computed once per element. The fused launch beats the three it replaces up to MAX_CHANNELS;
+# wider units keep the three launches (the activation is small there and each column block recomputes it).
 CONFIG = {"BLOCK_M": 32, "MAX_BLOCK_N": 256, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}
 MAX_CHANNELS = 192
 FEW_ROWS = 2048  # up to a 1-frame piece of one row (1920 rows at 96 channels): 16-row tiles, more programs

@@ -3,11 +3,9 @@ exit; the consumer's prologue adds them (with the residual) as it loads its inpu
 
 Why: a split-K launch ends with a meeting. Each program stores its partial, counts itself in at an atomic,
 and the last arrival reads every partial back, adds the residual and stores the row: two L2 round trips
-after the products, on the critical path of every one of them. Bounds on an H200 (0.6B frame, one take,
-bench/results/split_sum_h200.md): without that meeting (wrong results) the frame drops from 2.66 to 2.53 ms
-for the predictor's attention + o_proj launches, to 2.53 for the plain linears, to 2.41 for both. The next
-launch reads its input row in its prologue anyway, and reads the partials in that same round trip instead; they
-are more bytes (up to 8 fp32 rows for one bf16 row), and the frame gains under a third of the bound.
+after the products, on the critical path of every one of them. The next launch reads its input row in its
+prologue anyway, and reads the partials in that same round trip instead; they are more bytes (up to 8 fp32
+rows for one bf16 row), so the frame gains part of what the meeting costs.
 
 The sum is the last arrival's: the partials added in split order starting from +0.0, then the residual, all
 in fp32, rounded once to the activation dtype, so the bits are those of the finished launch. Column block 0
@@ -23,9 +21,7 @@ from dataclasses import dataclass
 import torch
 
 # The most rows at which each producer defers its sum (0: never); the linear's own rule also keeps it to the FMA
-# path and rows <= 1024 wide (linear.defers_here). H200 frame graphs with and without (bench/results/
-# split_sum_h200.md): 0.6B one take 2.666 -> 2.592 ms, two takes 3.187 -> 3.093; 1.7B one take 3.300 -> 3.222.
-# (attention_o_proj runs at one row only.)
+# path and rows <= 1024 wide (linear.defers_here). (attention_o_proj runs at one row only.)
 DEFER_ROWS = {"linear": 2, "attention_o_proj": 1}
 
 

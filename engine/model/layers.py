@@ -38,10 +38,9 @@ def embedding(num: int, dim: int) -> nn.Embedding:
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
     """F.scaled_dot_product_attention with cuDNN's backend switched off for this call (CUDA inputs).
 
-    On an H100 torch prefers cuDNN attention for bf16, and cuDNN builds an execution plan for every new
-    shape: about 0.5 s for the first one in a process, then 40-60 ms each. A load meets a dozen new shapes
-    (the codec pieces, the prefill buckets), for no speed at these sizes over flash or memory-efficient
-    attention, which start at once (bench/results/codec_first_run_h100.json). The switch is put back after
+    On Hopper torch prefers cuDNN attention for bf16, and cuDNN builds a slow execution plan for every new
+    shape. A load meets a dozen new shapes (the codec pieces, the prefill buckets), for no speed at these
+    sizes over flash or memory-efficient attention, which start at once. The switch is put back after
     the call, so nothing else in the process (other ComfyUI nodes) is affected."""
     if not q.is_cuda or not torch.backends.cuda.cudnn_sdp_enabled():
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -208,7 +207,7 @@ class DecoderLayer(nn.Module):
     def _apply(self, fn, recurse=True):
         """Moves and casts drop the layer's fused steps (engine/gpu/fused_layers.py, kept as `_fused`): their
         merged q/k/v and gate/up tensors are the parameters' old storage, and kept they would hold device
-        memory after Engine.release() moved the weights to the CPU (bench/results/release_memory_h100.json)."""
+        memory after Engine.release() moved the weights to the CPU."""
         self.__dict__.pop("_fused", None)
         return super()._apply(fn, recurse)
 

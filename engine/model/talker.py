@@ -54,9 +54,8 @@ class Talker(nn.Module):
         """text_projection(text_embedding(ids)), [..., H].
 
         On CUDA the projection runs over blocks of PROJECTION_ROWS tokens (the last one zero-padded), so its
-        matmuls have one shape whatever the prompt's length: at a token count never seen before the
-        projection took ~5 ms instead of 0.3 (bench/request_timeline.py --first-seen, H200), and in a
-        ComfyUI session nearly every request has a new length. Rows are independent, so the padding
+        matmuls have one shape whatever the prompt's length: a token count never seen before costs a new
+        matmul plan, and in ComfyUI nearly every request has a new length. Rows are independent, so the padding
         changes nothing; on the CPU the matmuls keep the exact shapes (the official package's parity)."""
         x = self.model.text_embedding(ids)
         if x.device.type != "cuda":

@@ -440,7 +440,8 @@ def test_folded_conv_on_a_padded_window_is_the_dilated_conv(dilation):
     """What CUDA runs for a residual unit's dilated conv, chunk after chunk: _window lays out the conv's input as
     [the state's tail | SnakeBeta(x) | zero rows up to a multiple of d] (one Triton launch there) and _folded
     keeps the real outputs; together they equal the one-pass dilated conv of the activation."""
-    from engine.codec.decoder import CausalConv1d, DecodeState, SnakeBeta, _window
+    from engine.codec.decoder import CausalConv1d, DecodeState, SnakeBeta
+    from engine.codec.state import causal_window
 
     torch.manual_seed(dilation)
     conv = CausalConv1d(6, 5, 7, dilation=dilation).double()
@@ -453,7 +454,7 @@ def test_folded_conv_on_a_padded_window_is_the_dilated_conv(dilation):
         want = conv(x, act=act)  # CPU: the unfolded dilated conv, one pass
         state, outs = DecodeState(), []
         for lo, hi in ((0, 1), (1, 5), (5, 21), (21, 50)):
-            window = _window(conv, x[:, lo:hi], conv.left, state, act, None, dilation)
+            window = causal_window(conv, x[:, lo:hi], conv.left, state, act, None, dilation)
             assert window.shape[1] % dilation == 0 and window.shape[1] >= conv.left + hi - lo
             outs.append(conv._folded(window, conv.conv.bias, hi - lo))
         context = torch.cat([x.new_zeros(2, conv.left, 6), act(x)], dim=1)[:, -conv.left:]
@@ -463,7 +464,7 @@ def test_folded_conv_on_a_padded_window_is_the_dilated_conv(dilation):
 
 def test_kept_merged_weights_follow_the_parameters():
     """The transformer's merged q/k/v and gate/up weights and the quantizer's codeword tables are made once and
-    kept (decoder._derived): they follow an in-place write to a parameter (load_state_dict, copy_), and a move
+    kept (engine/codec/state.derived): they follow an in-place write to a parameter (load_state_dict, copy_), and a move
     or cast drops them (a released engine must not keep them in device memory)."""
     from engine.checkpoint import presets
     from engine.codec.config import CodecConfig

@@ -104,3 +104,91 @@ def test_only_the_shim_imports_comfy_api():
     offenders = [f"{p.relative_to(ROOT)}: {n}" for p in files if p != shim
                  for n in _imported_modules(p) if n.split(".")[0] == "comfy_api"]
     assert offenders == []
+
+
+# The engine's layers, lowest first: a module imports only from its own layer or below. `kernels` holds the Triton
+# kernels and their torch references; `model` the modules, the codec and the checkpoint code; `gpu` the CUDA-graph
+# runners over them; `decode` the loop that drives a runner; `engine` the API; `cli` the command line. A top-level
+# module not listed here counts as `engine`, so it may not be imported from below.
+LAYERS = ["base", "kernels", "model", "gpu", "decode", "engine", "cli"]
+LAYER_OF = {
+    "engine.errors": "base", "engine.checks": "base", "engine.config": "base", "engine.sampling": "base",
+    "engine.limits": "base",
+    "engine.kernels": "kernels",
+    "engine.model": "model", "engine.codec": "model", "engine.checkpoint": "model", "engine.audio": "model",
+    "engine.voice": "model", "engine.voice_blend": "model", "engine.prompt": "model",
+    "engine.text_tokenizer": "model", "engine.slots": "model", "engine.host_audio": "model",
+    "engine.gpu": "gpu",
+    "engine.decode": "decode",
+    "engine.cli": "cli", "engine.__main__": "cli",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> str | None:
+    """The layer of an engine module (the longest listed prefix; other engine modules: "engine"), None outside."""
+    if module != "engine" and not module.startswith("engine."):
+        return None
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in LAYER_OF:
+            return LAYER_OF[".".join(parts[:n])]
+    return "engine"
+
+
+def _engine_imports(module: str, source: str, is_package: bool = False) -> list[str]:
+    """Every module `source` (module `module`) imports, at any depth of its code, relative imports resolved: for
+    `from X import a` both X and X.a (a may be a submodule)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            if node.module:
+                out.append(target)
+            out += [f"{target}.{a.name}" for a in node.names]
+    return out
+
+
+def _upward(module: str, imports: list[str]) -> list[str]:
+    mine = _layer(module)
+    return [f"{module} ({mine}) imports {n} ({_layer(n)})" for n in imports
+            if n != "engine" and _layer(n) is not None and LAYERS.index(_layer(n)) > LAYERS.index(mine)]
+
+
+def test_engine_layers_only_point_down():
+    """kernels < model/codec/checkpoint < gpu < decode < engine < cli, by every engine file's imports; the package's
+    own __init__ (lazy public names) is the API's door, not a layer."""
+    offenders = []
+    for path in sorted((ROOT / "engine").rglob("*.py")):
+        if path == ROOT / "engine" / "__init__.py":
+            continue
+        module = _module_name(path)
+        offenders += _upward(module, _engine_imports(module, path.read_text(), path.name == "__init__.py"))
+    assert offenders == []
+
+
+def test_engine_never_imports_nodes_or_comfy():
+    """nodes/ may import the engine; the engine never imports nodes/ or ComfyUI."""
+    offenders = [f"{p.relative_to(ROOT)}: {n}" for p in (ROOT / "engine").rglob("*.py") for n in _imported_modules(p)
+                 if n.split(".")[0] in {"nodes", "comfy", "comfy_api", "comfy_extras", "folder_paths", "server"}]
+    assert offenders == []
+
+
+def test_layer_check_sees_upward_imports():
+    """The check itself: a kernel module reaching up into gpu/, a gpu module into the decode loop, a model module
+    into the API are each found; imports within a layer or down are not."""
+    probe = "from ..gpu.fused_layers import NO_KERNELS\nfrom . import linear\nfrom .. import sampling\n"
+    assert _upward("engine.kernels.probe", _engine_imports("engine.kernels.probe", probe)) == [
+        "engine.kernels.probe (kernels) imports engine.gpu.fused_layers (gpu)",
+        "engine.kernels.probe (kernels) imports engine.gpu.fused_layers.NO_KERNELS (gpu)"]
+    assert _upward("engine.gpu.probe", _engine_imports("engine.gpu.probe", "from ..decode import prefill_into\n"))
+    assert _upward("engine.codec.probe", _engine_imports("engine.codec.probe", "import engine.engine\n"))
+    assert not _upward("engine.gpu.probe", _engine_imports("engine.gpu.probe", "from ..slots import prefill_into\n"))

@@ -85,21 +85,15 @@ def test_bucket_for_takes_its_own_then_the_loads():
     assert buckets.bucket_for(1, captured=set(), warm=()) == 1
 
 
-@pytest.mark.parametrize("choice,expected", [("", True), ("torch", False), ("triton", True)])
-def test_talker_attention_switch(engine, monkeypatch, choice, expected):
-    """The talker runs the kernels' attention unless TALKER_TRITON_ATTENTION (or its environment override)
-    says torch; the predictor always does. Building the runner launches nothing."""
+def test_talker_and_predictor_run_the_engines_kernels(engine):
+    """Both stacks of the frame run the engine's kernel table; with the attention kernel on, the talker reads
+    each row's length on the device (one graph a bucket). Building the runner launches nothing."""
     from engine.kernels import Kernels
 
-    monkeypatch.setenv(frame_graph.TALKER_ATTENTION_ENV, choice)
     ks = Kernels(("linear", "attention"))
     runner = GraphedFrames(engine.talker, 400, capture=False, kernels=ks)
-    assert ("attention" in runner.fused["talker"].ks.active) == expected
-    assert "attention" in runner.fused["predictor"].ks.active
-    monkeypatch.delenv(frame_graph.TALKER_ATTENTION_ENV)
-    monkeypatch.setattr(frame_graph, "TALKER_TRITON_ATTENTION", False)
-    runner = GraphedFrames(engine.talker, 400, capture=False, kernels=ks)
-    assert "attention" not in runner.fused["talker"].ks.active
+    assert runner.fused["talker"].ks is ks and runner.fused["predictor"].ks is ks
+    assert runner.device_length
 
 
 def test_release_drops_the_merged_weights(tiny_checkpoints):

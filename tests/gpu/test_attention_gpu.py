@@ -1,7 +1,7 @@
 """Split-KV ("flash-decoding") decode attention on CUDA at the talker's shapes (nh 16, nkv 8, D 128 for
 0.6B and 1.7B; windows 256..2048, multiples of frame_graph.WINDOW_STEP) against the torch reference, with
 per-row lengths (rows shorter than the window leave whole splits masked), and inside a CUDA graph whose
-replays must find the arrival counters re-armed. Tolerances: engine/kernels/selftest.py ATTN_TOL."""
+replays must find the arrival counters re-armed. Tolerances: tests/support/kernels_selftest.py ATTN_TOL."""
 import pytest
 import torch
 
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 from engine import kernels
 from engine.kernels import attention as ka
 from engine.kernels import pdl as kpdl
-from engine.kernels import selftest as st
+from tests.support import kernels_selftest as st
 from engine.kernels.counters import SHARED
 
 DEV = "cuda"

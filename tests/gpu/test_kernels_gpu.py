@@ -1,13 +1,13 @@
 """Triton kernels against their plain-torch references on CUDA at every decode shape (rows 1, 4, 8, 16;
 widths of the 0.6B and 1.7B models), plus many sampled rows and a large-draw chi-square test.
-Same checks and tolerances as tests/kernels/test_kernels.py (engine/kernels/selftest.py)."""
+Same checks and tolerances as tests/kernels/test_kernels.py (tests/support/kernels_selftest.py)."""
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
 
 from engine import kernels
-from engine.kernels import selftest as st
+from tests.support import kernels_selftest as st
 from engine.kernels.counters import SHARED
 
 DEV = "cuda"
@@ -279,46 +279,3 @@ def test_frame_glue(dtype, b, hidden, d):
 @pytest.mark.parametrize("top_k,top_p,temperature", [(50, 1.0, 0.9), (50, 0.9, 0.9), (0, 0.8, 1.2), (8, 1.0, 2.0)])
 def test_sample_distribution_chi_square(top_k, top_p, temperature):
     st.check_sample_distribution(DEV, 400_000, top_k=top_k, top_p=top_p, temperature=temperature)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("m", [1, 2])
-def test_mlp(dtype, m):
-    """The one-launch MLP at the 0.6B and 1.7B widths with the GPU's summing programs (the last H / CW arrivals
-    wait for the rest), at the default launch shape and another, three launches in a row each."""
-    for hidden, inter in st.MLP_SHAPES:
-        for cfg in (None, {"BI": 8, "num_warps": 4, "PRELOAD_DOWN": True, "CW": 16}):
-            launch = st.check_mlp(DEV, dtype, m, hidden, inter, seed=m + hidden, config=cfg, repeats=3)
-            assert launch["C"] > 1
-    assert int(SHARED.get("mlp", torch.device(DEV)).abs().sum()) == 0
-
-
-def test_mlp_in_cuda_graph_with_pdl():
-    """32 layers' MLPs captured back to back with programmatic dependent launch where the device has it,
-    replayed 20 times: each replay equals the eager chain, and the counters end re-armed."""
-    from engine.kernels import mlp as km
-    from engine.kernels import pdl
-
-    dt, hidden, inter = torch.bfloat16, 1024, 3072
-    layers = [(torch.randn(2 * inter, hidden, device=DEV, dtype=dt) * hidden ** -0.5,
-               torch.rand(hidden, device=DEV, dtype=dt) + 0.5,
-               torch.randn(hidden, inter, device=DEV, dtype=dt) * inter ** -0.5) for _ in range(32)]
-    x0 = torch.randn(1, 1, hidden, device=DEV, dtype=dt)
-    use_pdl = pdl.support(DEV)[0]
-
-    def run():
-        x = x0
-        for gu, nw, dn in layers:
-            x = km.mlp(x, gu, nw, 1e-6, dn, pdl=use_pdl)
-        return x
-
-    want = run().clone()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        y = run()
-    for _ in range(20):
-        y.zero_()
-        g.replay()
-        assert torch.equal(y, want)  # deterministic: the partials are summed in a fixed order
-    torch.cuda.synchronize()
-    assert int(SHARED.get("mlp", torch.device(DEV)).abs().sum()) == 0

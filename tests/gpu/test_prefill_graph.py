@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import Engine, Request, Voice
-from engine.decode import prefill_into
+from engine.slots import prefill_into
 from engine.gpu.codec_graph import pieces
 from tests.support.decoding import decode_codes
 

@@ -3,13 +3,11 @@
 The interpreter tests (test_kernels.py) run the kernels' Python; they cannot see what Triton's compiler
 rejects (a branch it cannot fold, a helper's tuple, a layout it cannot build, a register budget). Triton's
 wheel carries ptxas, so the whole compile to a cubin runs here. Here the launchers run as in
-engine/kernels/selftest.py, at the 0.6B / 1.7B shapes in bf16 with PDL on, but each launch only compiles
-(tests/support/sm90_compile.py; no result is checked). The opt-in persistent predictor pass compiles here too (its
-residency check, which needs a loaded binary on a device, is left to tests/gpu/test_predictor_pass_gpu.py)."""
+tests/support/kernels_selftest.py, at the 0.6B / 1.7B shapes in bf16 with PDL on, but each launch only compiles
+(tests/support/sm90_compile.py; no result is checked)."""
 import importlib.util
 
 import pytest
-import torch
 
 from tests.support import sm90_compile as sm90
 
@@ -40,15 +38,8 @@ def test_attention_compiles(compile_only):
     assert any(key[0] == "split_kernel" and "('DEVICE_LENGTH', True)" in key[2] for key in compile_only)
 
 
-def test_mlp_compiles(compile_only):
-    """The one-launch MLP with the GPU's summing programs (their wait loop included), 1 and 2 rows."""
-    for m in (1, 2):
-        sm90.mlp_launches(m)
-    assert len(compile_only) == 4
-
-
 def test_norm_rope_sample_snake_compile(compile_only):
-    from engine.kernels import selftest as st
+    from tests.support import kernels_selftest as st
 
     for m in ROWS:
         sm90.small_launches(m)
@@ -58,11 +49,3 @@ def test_norm_rope_sample_snake_compile(compile_only):
     sm90.codec_launches(2)
     assert len(compile_only) >= 10
 
-
-def test_predictor_pass_compiles(compile_only):
-    """The persistent pass at the 0.6B predictor's shapes, with its L2 prefetch (inline PTX, which the
-    interpreter skips), at 1, 4 and 16 rows in bf16 and at 1 row in fp32 (the exact path)."""
-    for m in ROWS:
-        sm90.predictor_pass_launches(m)
-    sm90.predictor_pass_launches(1, torch.float32)
-    assert len(compile_only) >= 3

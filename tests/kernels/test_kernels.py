@@ -2,13 +2,14 @@
 interpreter (TRITON_INTERPRET=1 for the whole process; scripts/test.sh runs this file on its own). Small row counts keep this file near a
 minute on two cores; tests/gpu/test_kernels_gpu.py runs the same checks on CUDA at every decode size.
 
-Tolerances: engine/kernels/selftest.py (about two ulps of the dtype; RoPE outputs absolute to the normed
+Tolerances: tests/support/kernels_selftest.py (about two ulps of the dtype; RoPE outputs absolute to the normed
 magnitude; sampling ids exact, a differing row allowed only where the reference race is tied to 1e-5).
 """
 import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +22,8 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run with TRITON_INTERPRET=1 in its own process (scripts/test.sh does)", allow_module_level=True)
 
 from engine import kernels
-from engine.kernels import selftest as st
 from engine.kernels.counters import SHARED
+from tests.support import kernels_selftest as st
 
 DEV = "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -32,7 +33,7 @@ ROWS = [1, 4, 16]
 def test_import_does_not_import_triton():
     code = "import sys, engine.kernels as k; k.select('off'); k.Kernels(); assert 'triton' not in sys.modules"
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(st.__file__).rsplit("/engine/", 1)[0])
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(Path(__file__).resolve().parents[1]))
 
 
 def test_select_modes():
@@ -321,39 +322,6 @@ def test_attention_o_proj_dispatch(monkeypatch):
     assert calls == [1]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 2])
-def test_mlp(dtype, m):
-    """rms_norm + gate/up + SwiGLU + down_proj + residual in one launch: every program's partial of every
-    output column summed by the last arrival (the interpreter's one summing program), twice in a row."""
-    launch = st.check_mlp(DEV, dtype, m, 64, 96, seed=m)
-    assert launch["programs"] == 6 and launch["C"] == 1
-    st.check_mlp(DEV, dtype, m, 128, 256, seed=m + 3, config={"BI": 32, "TILE": 2048})  # K in two blocks
-
-
-def test_mlp_plan_and_dispatch(monkeypatch):
-    """On a GPU the last H / CW arrivals sum (at most half the SMs: they wait for the rest); Kernels.mlp runs the
-    one launch up to two rows where the opt-in kernel is on, and the two linears from three rows or when off."""
-    from engine.kernels import mlp as km
-
-    p = km.plan(1, 1024, 3072, sms=132)
-    assert (p["programs"], p["C"], p["CW"], p["PP"], p["PR"]) == (192, 32, 32, 256, 128)
-    assert km.plan(2, 2048, 6144, sms=132)["C"] == 64 and km.plan(1, 2048, 6144, sms=40)["C"] <= 20
-    assert km.plan(1, 1024, 3072, interpreter=True)["C"] == 1
-    assert km.fits(2, 1024, 3072) and not km.fits(3, 1024, 3072) and not km.fits(1, 1000, 3072)
-    calls = []
-    monkeypatch.setattr(km, "mlp", lambda x, *a, **kw: calls.append(x.shape[0]) or x)
-    for ks in (kernels.Kernels(kernels.NAMES), kernels.Kernels(kernels.NAMES + ("mlp",))):
-        for b in (1, 2, 3):
-            x = torch.randn(b, 1, 64)
-            out = ks.mlp(x, torch.randn(192, 64), torch.ones(64), 1e-6, torch.randn(64, 96))
-            assert out.shape == x.shape
-    assert calls == [1, 2]  # opt-in only
-    assert "mlp" not in kernels.select("on", "cpu")[0].active
-    monkeypatch.setenv(kernels.FUSED_MLP_ENV, "1")
-    assert "mlp" in kernels.select("on", "cpu")[0].active
-
-
 def test_attention_plan():
     from engine.kernels import attention as ka
 
@@ -497,14 +465,13 @@ def test_linear_counters_rearm():
 
 
 def test_engine_tables_own_their_counters(monkeypatch):
-    """A Kernels table's split launches count in its own counters (shared with its `without` tables), not
+    """A Kernels table's split launches count in its own counters, not
     the process's SHARED set, so Engine.release can free them; they re-arm, and release drops them."""
     from engine.kernels import counters as arrivals
 
     shared = arrivals.Counters()
     monkeypatch.setattr(arrivals, "SHARED", shared)
     ks = kernels.Kernels(["linear", "attention"])
-    assert ks.without("attention").counters is ks.counters
     x, w = torch.randn(3, 1, 160), torch.randn(48, 160) * 0.1
     for _ in range(2):
         y = ks.linear(x, w, config=SMALL_LINEAR, target=40)
@@ -519,6 +486,7 @@ def test_linear_unrolled_split_sum_same_bits(monkeypatch):
     """The last arrival's unrolled sum (every partial loaded in one round, splits past the count masked) gives
     the same bits as the loop over the splits; more splits than UNROLL_SPLITS take the loop."""
     from engine.kernels import linear as kl
+    from engine.kernels import linear_plan
 
     assert [kl.unrolled_splits(s) for s in (1, 2, 3, 7, 16, 17)] == [0, 2, 4, 8, 16, 0]
     g = torch.Generator().manual_seed(3)
@@ -527,7 +495,7 @@ def test_linear_unrolled_split_sum_same_bits(monkeypatch):
     r = torch.randn(2, 1, 40, generator=g)
     assert kl.plan(2, 40, 200, SMALL_LINEAR, 64)["splits"] == 7  # unrolled to 8, one masked
     unrolled = kl.linear(x, w, residual=r, config=SMALL_LINEAR, target=64)
-    monkeypatch.setattr(kl, "UNROLL_SPLITS", 0)
+    monkeypatch.setattr(linear_plan, "UNROLL_SPLITS", 0)
     assert torch.equal(unrolled, kl.linear(x, w, residual=r, config=SMALL_LINEAR, target=64))
     monkeypatch.undo()
     assert st.check_linear(DEV, torch.float32, 2, 40, 600, "none", True, config=SMALL_LINEAR, target=64) == 19
@@ -537,6 +505,7 @@ def test_linear_unrolled_norm_same_bits(monkeypatch):
     """The RMSNorm prologue's sum of squares unrolled over the row's steps gives the same bits as the loop
     (same order); rows whose tiles hold more than UNROLL_NORM_VALUES values take the loop."""
     from engine.kernels import linear as kl
+    from engine.kernels import linear_plan
 
     assert [kl.norm_steps(k, 256, 16) for k in (256, 1000, 1024, 1025, 2048)] == [1, 4, 4, 0, 0]
     assert [kl.norm_steps(k, 1024, 1) for k in (1024, 2048, 6144)] == [1, 2, 6]
@@ -547,7 +516,7 @@ def test_linear_unrolled_norm_same_bits(monkeypatch):
     p = kl.plan(3, 40, 200, SMALL_LINEAR, 8, prologue="rms_norm")
     assert kl.norm_steps(200, p["BLOCK_K"], p["BLOCK_M"]) == 7  # 16-row tiles (tensor cores), 7 steps of 32
     unrolled = kl.linear(x, w, prologue="rms_norm", norm_weight=nw, config=SMALL_LINEAR, target=8)
-    monkeypatch.setattr(kl, "UNROLL_NORM_VALUES", 0)
+    monkeypatch.setattr(linear_plan, "UNROLL_NORM_VALUES", 0)
     assert torch.equal(unrolled, kl.linear(x, w, prologue="rms_norm", norm_weight=nw, config=SMALL_LINEAR, target=8))
 
 
@@ -615,7 +584,7 @@ def test_sample_returns_rows_of_a_second_table():
 def test_sample_negative_zero_ties_positive_zero(dtype):
     """Top-1 of a row whose maximum is 0.0 at one id and -0.0 at another keeps both (they compare equal,
     as in the torch path); the uniforms make the -0.0 id win the race, so dropping it changes the id."""
-    from engine.gpu import graph_sampling
+    from engine.kernels import sample as ksample
     from engine.kernels import sample as k
 
     vocab = 64
@@ -626,7 +595,7 @@ def test_sample_negative_zero_ties_positive_zero(dtype):
     u[0, 7] = 0.999
     f32 = {"device": DEV, "dtype": torch.float32}
     settings = (torch.tensor(True, device=DEV), torch.tensor(1.0, **f32),
-                torch.tensor(graph_sampling.kth_index(1, vocab), device=DEV), torch.tensor(1.0, **f32))
+                torch.tensor(ksample.kth_index(1, vocab), device=DEV), torch.tensor(1.0, **f32))
     want = k.reference(logits, *settings, u=u)
     assert want.tolist() == [7]
     assert k.sample(logits, *settings, u=u).tolist() == [7]
@@ -717,36 +686,8 @@ def test_layer_prefill_matches_fused_layer(dtype):
     torch.testing.assert_close(caches[3], caches[1], **tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, 4])
-def test_predictor_pass(dtype, rows):
-    """The persistent predictor pass against the per-layer torch path. The interpreter runs programs one
-    after another, so only a grid of 1 can pass a grid barrier here: the multi-program barrier, the L2
-    prefetch (inline PTX) and the residency check run in tests/gpu/test_predictor_pass_gpu.py only (the
-    prefetch compiles in tests/kernels/test_kernel_compile.py)."""
-    st.check_predictor_pass(DEV, dtype, rows)
 
 
-def test_predictor_pass_falls_back_with_one_warning(monkeypatch, caplog):
-    from engine.gpu.fused_layers import FusedStack
-    from engine.kernels import predictor_pass as kp
-    from engine.model.kv_cache import KVCache
-
-    fs = st.predictor_stack(DEV, torch.float32)
-    fs = FusedStack(fs.stack, kernels.Kernels(["predictor_pass"]))
-
-    def not_resident(self, *a, **k):
-        raise kp.NotResidentError("does not fit")
-
-    monkeypatch.setattr(kp.PredictorPass, "__call__", not_resident)
-    cache = KVCache(2, 1, 2, 16, 32, torch.float32, DEV)
-    pos = torch.tensor([0])
-    bias = torch.zeros(16)
-    for _ in range(2):
-        fs.predictor_pass(torch.randn(1, 1, 128), cache, pos, bias, fs.rope(pos, torch.float32),
-                          torch.randn(64, 128), fill_only=True)
-    assert fs.persistent is False
-    assert sum("predictor_pass kernel off" in r.message for r in caplog.records) == 1
 
 
 @pytest.mark.parametrize("takes", [1, 3])

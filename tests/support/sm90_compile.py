@@ -3,9 +3,9 @@
 Triton's wheel carries ptxas, so a kernel launched through its usual launcher can be compiled to a cubin
 here: inside `compile_only()`, JITFunction.run compiles the launch's signature, constexprs and options and
 returns; no kernel runs and no output is computed (the self-test's comparisons are switched off). The
-*_launches functions run engine/kernels/selftest.py's launchers at the 0.6B / 1.7B shapes in bf16, as the
-decode does. Used by tests/kernels/test_kernel_compile.py (does every launcher compile?) and
-bench/register_usage.py (registers and spills of each compiled kernel)."""
+*_launches functions run tests/support/kernels_selftest.py's launchers at the 0.6B / 1.7B shapes in bf16, as the
+decode does. Used by tests/kernels/test_kernel_compile.py (does every launcher compile?); resource_usage reads a
+compiled kernel's registers and spills."""
 from __future__ import annotations
 
 import contextlib
@@ -18,14 +18,13 @@ import torch
 
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
            torch.int32: "*i32", torch.uint8: "*u8", torch.bool: "*i1"}
-KERNEL_MODULES = ("linear", "qk_norm_rope_kv", "attention", "attention_o_proj", "mlp", "rms_norm", "sample", "snake",
-                  "snake_conv1x1", "predictor_pass", "frame_glue")
+KERNEL_MODULES = ("linear", "qk_norm_rope_kv", "attention", "attention_o_proj", "rms_norm", "sample", "snake",
+                  "snake_conv1x1", "frame_glue")
 BF16 = torch.bfloat16
-PREDICTOR = {"hidden": 1024, "inter": 3072, "layers": 5, "nh": 16, "nkv": 8, "d": 128}  # the 0.6B code predictor
 
 
 def linear_launches(rows: int) -> None:
-    from engine.kernels import selftest as st
+    from tests.support import kernels_selftest as st
 
     for n, k, prologue, residual, bias in st.LINEAR_SHAPES:
         st.check_linear("cpu", BF16, rows, n, k, prologue, residual, bias)
@@ -38,7 +37,7 @@ def attention_launches(rows: int) -> None:
     the talker's device-length split-KV over a 4096-position room, plain and fused; up to its rows, the
     predictor's attention fused into o_proj."""
     from engine.kernels import attention_o_proj
-    from engine.kernels import selftest as st
+    from tests.support import kernels_selftest as st
 
     for w in (16, 256):
         st.check_attention("cpu", BF16, rows, seq=max(64, w), window=w, filled=w - 3)
@@ -49,23 +48,13 @@ def attention_launches(rows: int) -> None:
         st.check_attention_o_proj("cpu", BF16, rows, seq=16, window=16, pos=9, per_row=rows > 1, defer=rows == 1)
 
 
-def mlp_launches(rows: int) -> None:
-    """The one-launch MLP at the 0.6B and 1.7B talker widths, up to its rows (with the GPU's summing programs)."""
-    from engine.kernels import mlp
-    from engine.kernels import selftest as st
-
-    if rows <= mlp.FUSE_ROWS:
-        for hidden, inter in st.MLP_SHAPES:
-            st.check_mlp("cpu", BF16, rows, hidden, inter, repeats=1)
-
-
 def small_launches(rows: int) -> None:
     """rms_norm, qk_norm_rope_kv, and sampling: the residual codebooks' bf16 logits (2048 ids, 16-bit keys),
     float32 logits at the talker's 3072, the embedding rows handed back (into the frame's slots too), and codebook
     0 with its penalty; the frame graph's glue (frame_glue) at the 0.6B and 1.7B talker widths."""
     from engine import sampling
     from engine.kernels import sample
-    from engine.kernels import selftest as st
+    from tests.support import kernels_selftest as st
 
     st.check_rms_norm("cpu", BF16, rows, 1024)
     st.check_qk_norm_rope_kv("cpu", BF16, rows, seq=64, per_row=rows > 1)
@@ -87,18 +76,11 @@ def small_launches(rows: int) -> None:
 
 def codec_launches(rows: int) -> None:
     """The codec's SnakeBeta and its fused residual-unit tail at the four wave blocks' widths (1-frame lengths)."""
-    from engine.kernels import selftest as st
+    from tests.support import kernels_selftest as st
 
     for c, length in st.SNAKE_CONV1X1_SHAPES[:4]:
         st.check_snake("cpu", BF16, rows, c, length)
         st.check_snake_conv1x1("cpu", BF16, rows, c, length, x_bias=True)
-
-
-def predictor_pass_launches(rows: int, dtype=BF16) -> None:
-    """The persistent pass at the 0.6B predictor's shapes (5 layers, 2048-id head), with its L2 prefetch."""
-    from engine.kernels import selftest as st
-
-    st.check_predictor_pass("cpu", dtype, rows, positions=2, vocab=2048, grid=132, **PREDICTOR)
 
 
 def signature(jit_fn, args, kwargs):
@@ -164,7 +146,7 @@ def compile_only(on_compile=None):
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
-    from engine.kernels import predictor_pass, selftest
+    from tests.support import kernels_selftest as selftest
 
     modules = [importlib.import_module(f"engine.kernels.{name}") for name in KERNEL_MODULES]
     done = set()
@@ -180,18 +162,16 @@ def compile_only(on_compile=None):
         return NotLoaded()
 
     saved = {"env": os.environ.pop("TRITON_INTERPRET", None), "run": JITFunction.run,
-             "close": selftest._close, "verdict": selftest._verdict, "resident": predictor_pass.resident_programs}
+             "close": selftest._close, "verdict": selftest._verdict}
     for module in modules:
         module._kernel.cache_clear()  # built again without the interpreter (a jit made under it only interprets)
     JITFunction.run = run
     selftest._close = selftest._verdict = lambda *a, **k: None  # the outputs were never computed
-    predictor_pass.resident_programs = lambda *a, **k: 1 << 20  # it reads a loaded binary, which there is not
     try:
         yield done
     finally:
         JITFunction.run = saved["run"]
         selftest._close, selftest._verdict = saved["close"], saved["verdict"]
-        predictor_pass.resident_programs = saved["resident"]
         if saved["env"] is not None:
             os.environ["TRITON_INTERPRET"] = saved["env"]
         for module in modules:
