@@ -13,28 +13,23 @@ def script_params(eng, frames: int):
 
 
 def before_graphs(fn) -> None:
-    """Call fn() each time Engine.load has read the weights and starts its graphs (wraps Engine._enable_graphs;
-    for the load benches, which import `engine` from the tree under test before calling this)."""
-    from engine.engine import Engine
+    """Call fn() each time Engine.load has read the weights and starts its graphs (wraps the loader's
+    _enable_graphs; for the load benches, which import `engine` from the tree under test before calling this)."""
+    from engine import loading
 
-    enable = Engine._enable_graphs
+    enable = loading._enable_graphs
 
-    def wrapped(self, *args, **kwargs):
+    def wrapped(*args, **kwargs):
         fn()
-        return enable(self, *args, **kwargs)
+        return enable(*args, **kwargs)
 
-    Engine._enable_graphs = wrapped
+    loading._enable_graphs = wrapped
 
 
 def node_load_kwargs(engine_cls, max_takes: int) -> dict:
-    """What nodes/engine_cache.py passes Engine.load for the loader's max_takes: that many takes, their graphs
-    captured at load (warm_takes; a tree from before it gets max_takes only, and captures at first use)."""
-    import inspect
-
-    kw = {"max_takes": max_takes}
-    if "warm_takes" in inspect.signature(engine_cls.load).parameters:
-        kw["warm_takes"] = max_takes
-    return kw
+    """What the loader node's EngineConfig holds for its max_takes: that many takes, their graphs captured at
+    load (warm_takes)."""
+    return {"max_takes": max_takes, "warm_takes": max_takes}
 
 
 def node_generate(eng, req, takes: int, seed: int, params):

@@ -2,7 +2,7 @@
 
 A request's audio reaches the host in one copy at its end. Into new memory that copy is slow: the kernel
 hands out each 4 KB page on its first write, ~0.3-0.5 ms per MB, so the 11 MB of a 4-take, 28 s line cost
-7-12 ms after the last frame where 2-4 ms would do (bench/host_page_faults.py). Here the request reserves
+7-12 ms after the last frame where 2-4 ms would do (docs/PERFORMANCE_NOTES.md). Here the request reserves
 room for its whole frame budget up front (an anonymous mapping: untouched pages cost nothing), touches the
 pages of the frames decoded so far after each chunk, while the host would only wait for the GPU, and at the
 end views the first rows x length samples as one contiguous [rows, length] tensor: the copy lands in pages

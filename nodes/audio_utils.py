@@ -29,7 +29,7 @@ def make_audio(waveform: torch.Tensor, lengths: list[int], sample_rate: int = SA
     """[N, T] (or [T]) float audio + per-take lengths (+ origin {node, seed, first_take}) -> AUDIO dict with
     waveform [N, 1, T] on the CPU, zero past each take's length. copy=False: the waveform is the caller's to
     give away (an engine result), so a float32 CPU one is used as it is, its padding zeroed in place; a copy
-    of a 4-take line's audio into new memory costs the host several ms (bench/host_page_faults.py)."""
+    of a 4-take line's audio into new memory costs the host several ms."""
     if waveform.dim() == 1:
         waveform = waveform.unsqueeze(0)
     if waveform.dim() != 2:
