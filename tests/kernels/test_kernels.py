@@ -33,7 +33,7 @@ ROWS = [1, 4, 16]
 def test_import_does_not_import_triton():
     code = "import sys, engine.kernels as k; k.select('off'); k.Kernels(); assert 'triton' not in sys.modules"
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(Path(__file__).resolve().parents[1]))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(Path(__file__).resolve().parents[2]))
 
 
 def test_select_modes():
