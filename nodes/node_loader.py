@@ -62,9 +62,9 @@ class LoadQwen3TTS(io.ComfyNode):
                                tooltip="Fused Triton kernels (GPU only). auto: use when available; on: error "
                                        "if unavailable; off: plain PyTorch."),
                 io.Int.Input("max_takes", default=4, min=1, max=MAX_TAKES,
-                             tooltip="Largest number of takes generated at once. The load reserves cache "
-                                     "memory for that many parallel takes (~0.7 GB each) and prepares their "
-                                     "GPU graphs, so no later run waits for that."),
+                             tooltip="Largest number of takes generated at once. The load reserves GPU memory "
+                                     "for that many parallel takes (about 1 GB each at 0.6B, for their K/V "
+                                     "cache and graphs) and captures their graphs, so no later run waits."),
                 io.Combo.Input("download", options=DOWNLOAD_OPTIONS, default=NO_DOWNLOAD,
                                optional=True,
                                tooltip="Only when set: fetch this official repo with huggingface_hub into "

@@ -67,7 +67,7 @@ class StreamChunks(io.ComfyNode):
                         "instruct, VoiceDesign uses instruct, Base uses voice). Outputs the full AUDIO at the end.",
             hidden=[io.Hidden.unique_id],
             inputs=[common.model_input(), common.text_input(),
-                    io.Int.Input("chunk_size", default=8, min=1, max=64,
+                    io.Int.Input("chunk_frames", default=8, min=1, max=64,
                                  tooltip="Codec frames per chunk (12.5 frames = 1 s). Smaller: less delay "
                                          "between chunks, more overhead. The first chunk is always at most 2 "
                                          "frames, for the earliest first audio (the audio is the same)."),
@@ -88,7 +88,7 @@ class StreamChunks(io.ComfyNode):
         return common.check_generator(text, language, speaker)
 
     @classmethod
-    def execute(cls, model, text, chunk_size, language, seed, speaker="Vivian", instruct="", voice=None,
+    def execute(cls, model, text, chunk_frames, language, seed, speaker="Vivian", instruct="", voice=None,
                 **adv) -> io.NodeOutput:
         mode = common.MODE_OF_TYPE.get(model.model_type)
         kwargs = {}
@@ -105,4 +105,4 @@ class StreamChunks(io.ComfyNode):
             raise ModeError(f"StreamChunks: unsupported checkpoint type {model.model_type!r}; load a Base, "
                             "CustomVoice or VoiceDesign checkpoint.")
         job = Job("StreamChunks", model, mode, text, language, seed=seed, takes=1, **kwargs, **adv)
-        return io.NodeOutput(job.stream(chunk_size, _sender(cls.hidden.unique_id)))  # the engine checks chunk_size
+        return io.NodeOutput(job.stream(chunk_frames, _sender(cls.hidden.unique_id)))  # the engine checks chunk_frames

@@ -128,7 +128,7 @@ WORKFLOWS = {
         "nodes": {
             1: {"type": P + "LoadQwen3TTS", "widgets": {"checkpoint": "Qwen3-TTS-12Hz-0.6B-CustomVoice", **LOADER}},
             2: {"type": P + "StreamChunks", "widgets": {
-                "text": "Streaming starts playing while the rest is still being generated.", "chunk_size": 4,
+                "text": "Streaming starts playing while the rest is still being generated.", "chunk_frames": 4,
                 "language": "English", "seed": 1, "speaker": "Serena", "instruct": ""}},
             3: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/streaming"}},
             4: note("The Stream node's player plays chunks as they arrive and shows time to first audio (TTFA) "

@@ -87,7 +87,7 @@ def _custom(seed, loader=None, **kw):
 def _stream(seed, **kw):
     return {"1": _loader(CUSTOM),
             "2": {"class_type": P + "StreamChunks",
-                  "inputs": {"model": ["1", 0], "text": "Streaming over HTTP.", "chunk_size": 2, "language": "English",
+                  "inputs": {"model": ["1", 0], "text": "Streaming over HTTP.", "chunk_frames": 2, "language": "English",
                              "seed": seed, "speaker": "Serena", **kw}},
             "3": {"class_type": "PreviewAudio", "inputs": {"audio": ["2", 0]}}}
 
@@ -161,7 +161,7 @@ BAD_WIDGETS = [  # (name, prompt builder, words the error must contain)
     ("checkpoint ../", lambda s: _custom(s, loader=_loader("../../../etc")), "not found"),
     ("checkpoint absolute", lambda s: _custom(s, loader=_loader("/etc")), "not found"),
     ("cuda_graphs on CPU", lambda s: _custom(s, loader=_loader(CUSTOM, cuda_graphs="on")), "CUDA"),
-    ("chunk_size 0", lambda s: _stream(s, chunk_size=0), "chunk_size"),
+    ("chunk_frames 0", lambda s: _stream(s, chunk_frames=0), "chunk_frames"),
     ("batch_index 99", lambda s: _voice("bi", seed=s, batch_index=99), "batch_index"),
     ("batch_index past the batch", lambda s: _voice("bi", seed=s, batch_index=3), "batch"),
     ("wrong checkpoint type", lambda s: _custom(s, loader=_loader(DESIGN)), "VoiceDesign"),

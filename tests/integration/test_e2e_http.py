@@ -149,7 +149,7 @@ def test_stream_events_in_order_and_equal_to_final_audio(server):
     assert stream[0]["phase"] == "start" and stream[-1]["phase"] == "end"
     chunks = [d for d in stream if d["phase"] == "chunk"]
     assert [d["seq"] for d in chunks] == list(range(len(chunks)))
-    assert len(chunks) >= FRAMES // 4  # chunk_size 4 frames
+    assert len(chunks) >= FRAMES // 4  # chunk_frames 4
     assert chunks[0]["samples"] <= 2 * SPF  # the first chunk is 2 frames at most, for the earliest first audio
     assert all(d["node"] == "2" and d["sample_rate"] == 24000 for d in stream if d["phase"] == "start")
     pcm = np.concatenate([np.frombuffer(base64.b64decode(d["pcm"]), "<f4") for d in chunks])

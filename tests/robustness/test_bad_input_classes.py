@@ -237,7 +237,7 @@ def run_node(case, ctx, n):
     call = dict(model=refs[p.get("model") or MODEL_OF_MODE[mode]], text=fields["text"], language=fields["language"], seed=p.get("seed", 0),
                 **widgets)
     if "chunk_frames" in p:
-        return n["StreamChunks"].execute(chunk_size=p["chunk_frames"], speaker="Ryan", **call)
+        return n["StreamChunks"].execute(chunk_frames=p["chunk_frames"], speaker="Ryan", **call)
     call.update(takes=p.get("takes", 1), first_take=p.get("first_take", 0))
     if mode == "custom":
         return n["CustomVoice"].execute(speaker=fields.get("speaker", "Ryan"), instruct="", **call)
