@@ -191,3 +191,38 @@ def test_prompt_fixed_pieces_are_made_once_and_change_nothing(custom, non_stream
         assert torch.equal(prompt.prefill, fresh.prefill)
         assert torch.equal(prompt.trailing, fresh.trailing)
         assert torch.equal(prompt.pad_embed, fresh.pad_embed)
+
+
+def test_engine_config_is_the_load_argument_and_a_cache_key(tiny_checkpoints, tmp_path):
+    from engine import EngineConfig
+    from engine.errors import UnsupportedConfigError
+
+    path = tiny_checkpoints["custom_voice"]
+    a = EngineConfig(model_dir=str(path), device="cpu", dtype="fp32")
+    b = EngineConfig(model_dir=path, device="cpu", dtype="fp32")  # a Path, the same folder
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != a.replace(max_takes=2)
+    with pytest.raises(AttributeError):
+        a.max_takes = 3  # frozen
+    e = Engine.load(a)
+    assert e.config == a and e.max_takes == a.max_takes
+    with pytest.raises(UnsupportedConfigError, match="triton"):
+        Engine.load(a.replace(triton="maybe"))
+    with pytest.raises(InvalidInputError, match="warm_takes"):
+        Engine.load(a.replace(max_takes=2, warm_takes=3))
+
+
+def test_one_request_or_a_list_and_nothing_else(custom):
+    from engine import BatchItem
+
+    params = sampled(custom, 4)
+    with pytest.raises(InvalidInputError, match="set on each item"):
+        custom.generate([BatchItem(req())], takes=2, params=params)
+    with pytest.raises(InvalidInputError, match="a Request or a list of BatchItem"):
+        custom.generate("Hello", params=params)
+    with pytest.raises(InvalidInputError, match="a Request or a list of BatchItem"):
+        next(custom.stream({"text": "Hello"}, params=params))
+    assert custom.generate([], params=params) == [] and list(custom.stream([], params=params)) == []
+    one = custom.generate(req(), takes=2, seed=4, params=params)
+    listed = custom.generate([BatchItem(req(), takes=2, seed=4)], params=params)
+    assert len(listed) == 1 and torch.equal(listed[0].audio, one.audio)
