@@ -52,15 +52,19 @@ class CodecSession:
         self.groups: dict[int, _Group] = {}  # row (-1: the together group) -> its group
         self.current = None  # per-row with graphs: the row whose state sits in the one-row bucket's buffers
         self.bucket_state = None  # per-row with graphs: the one-row bucket's state, while this session holds it
-        self.tried_bucket = False
         self.closed = False
-        if together:
-            if side is not None:  # a reference's decode must not hold up the first frames on the main stream
-                side.wait_stream(torch.cuda.current_stream(side.device))
-                with torch.cuda.stream(side):
-                    self._open(-1, self.order, refs[0] if refs else None)
-            else:
-                self._open(-1, self.order, refs[0] if refs else None)
+        # The graph states are taken here, on the caller's stream, before the loop's first frame: a row count
+        # whose pieces are not captured yet is captured now, never while frames run.
+        shared = graphs.acquire(len(refs) if together else 1, self) if graphs is not None and refs else None
+        if not together:
+            self.bucket_state = shared
+            return
+        if side is not None:  # a reference's decode must not hold up the first frames on the main stream
+            side.wait_stream(torch.cuda.current_stream(side.device))
+            with torch.cuda.stream(side):
+                self._open_together(shared, refs[0])
+        else:
+            self._open_together(shared, refs[0] if refs else None)
 
     # -- states ------------------------------------------------------------------------------------
 
@@ -76,20 +80,22 @@ class CodecSession:
             state.zero_()
             self.decoder(ref.t()[None].expand(batch, -1, -1), state, check=False)
 
-    def _open(self, row: int, slots: list, ref) -> None:
+    def _open_together(self, shared, ref) -> None:
+        """One state for every slot: the bucket's (None: held by another call, or no graphs) or a private one."""
         from .codec.decoder import DecodeState
 
         if ref is not None:
             self.decoder.check_codes(ref.t()[None])
-        if row == -1:  # together: one state for every slot
-            state = self.graphs.acquire(len(slots), self) if self.graphs is not None else None
-            group = _Group(slots, state if state is not None else DecodeState(), state is not None)
-            self._fresh(group.state, ref, len(slots))
-            self.groups[row] = group
-            return
-        if self.graphs is not None and not self.tried_bucket:
-            self.tried_bucket = True
-            self.bucket_state = self.graphs.acquire(1, self)
+        group = _Group(self.order, shared if shared is not None else DecodeState(), shared is not None)
+        self._fresh(group.state, ref, len(self.order))
+        self.groups[-1] = group
+
+    def _open(self, row: int, slots: list, ref) -> None:
+        """Row `row` starts: its own state, in the one-row bucket's buffers when this session holds them."""
+        from .codec.decoder import DecodeState
+
+        if ref is not None:
+            self.decoder.check_codes(ref.t()[None])
         if self.bucket_state is None:  # a private state for this row
             group = _Group(slots, DecodeState(), False)
             self._fresh(group.state, ref, 1)
