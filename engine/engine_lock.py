@@ -3,13 +3,13 @@ shared by every call, so two interleaved calls would corrupt each other's audio.
 
 * A call from another thread waits until the engine is free (at most `Engine.busy_timeout_s`), then runs;
   if the engine stays busy that long it gets `EngineBusyError` naming the holder.
-* A `stream()` or `stream_batch()` generator holds the engine from its first `next()` until it is
+* A `stream()` generator holds the engine from its first `next()` until it is
   exhausted, closed or garbage-collected. A caller that abandons one without `close()` keeps the engine busy while it still
   references the generator (CPython closes an unreferenced generator at once).
 * A call from the thread that already holds the engine (a callback of a running call, or a second call
   while this thread's stream generator is unfinished) would deadlock or overwrite the running call's state,
   so it raises `EngineBusyError` at once. Only a holder declared `nests=True` lets its own thread
-  in (no engine call is declared so today: generate_batch decodes its items itself).
+  in (no engine call is declared so today: generate decodes a list of items itself).
 """
 from __future__ import annotations
 

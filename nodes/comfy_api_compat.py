@@ -48,7 +48,7 @@ log.info("Qwen3-TTS Fast: ComfyUI node API from %s (advanced inputs as %s)", API
 
 def advanced(inp):
     """Mark an input as advanced on any supported ComfyUI and return it:
-    `advanced(io.Int.Input("first_take", ...))`. Newer ComfyUI reads `Input.advanced`; on 0.3.75 the typed
+    `advanced(io.Int.Input("name", ...))`. Newer ComfyUI reads `Input.advanced`; on 0.3.75 the typed
     inputs take no such keyword (nor extra_dict), so the flag goes into the base class's `extra_dict`."""
     if ADVANCED_KEYWORD:
         inp.advanced = True

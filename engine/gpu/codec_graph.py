@@ -8,8 +8,8 @@ all go through the same pieces: no length is ever compiled or captured while a r
 
 `CodecGraphs` keeps one state per batch bucket (1, 2, 4, 8, 16, as the frame graphs): a batch of 3 rows
 runs in the bucket of 4 with a zero row (rows are independent, so the padding changes nothing). Because a
-bucket has one shared state, one stream at a time may use it: `acquire` hands it to a StreamingDecoder
-while no other live decoder holds it; a second, concurrent stream gets None and decodes eagerly on a
+bucket has one shared state, one stream at a time may use it: `acquire` hands it to a codec session
+(engine/codec_session.py) while no other owner holds it; a second, concurrent owner gets None and decodes eagerly on a
 private state (still exact, just not graphed).
 
 The ICL reference prefix is decoded once per (voice, bucket): the state after it is kept (a few MB) and
