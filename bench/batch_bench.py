@@ -1,4 +1,4 @@
-"""Long text and dialogue scripts as batch rows (Engine.generate_batch) against the same pieces generated one
+"""Long text and dialogue scripts as batch rows (Engine.generate (a list)) against the same pieces generated one
 by one (Engine.generate), in the same run, on a random CustomVoice checkpoint with EOS disabled and every
 piece given its natural length (12.5 frames/s at ~2.7 English words/s or ~4.5 CJK characters/s).
 

@@ -34,7 +34,7 @@ def node_load_kwargs(engine_cls, max_takes: int) -> dict:
 
 def node_generate(eng, req, takes: int, seed: int, params):
     """What a generator node runs for a one-segment line (nodes/runner.py Job.generate, without ComfyUI's
-    progress bar): generate_batch of one item, then its AUDIO."""
+    progress bar): generate of a one-item list, then its AUDIO."""
     from engine import BatchItem
     from nodes.audio_utils import results_audio  # no ComfyUI imports
 

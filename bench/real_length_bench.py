@@ -5,8 +5,8 @@
 Each (engine, mode) runs in a FRESH subprocess, so no prompt length, frame count or chunk size has been
 seen before: what a ComfyUI user gets. The script (bench/real_length_script.py) runs in order at 1 take,
 at 4 takes and streaming with chunk 2 (Engine.generate / Engine.stream), and as the generator nodes run a
-one-segment line at 1 and 4 takes (node1 / node4: generate_batch, the segment join and the AUDIO made) and
-as the StreamChunks node streams it at its default chunk size (nodestream8: stream_batch, first chunk 2).
+one-segment line at 1 and 4 takes (node1 / node4: generate of a list, the segment join and the AUDIO made) and
+as the StreamChunks node streams it at its default chunk size (nodestream8: stream of a list, first chunk 2).
 faster-qwen3-tts 0.5.4 runs the same sentences and frame counts (1 take, and streaming with chunk 2 up to
 the first chunk) in the same run. Random real-size checkpoints
 with EOS disabled make every request decode exactly its frame count.
@@ -103,7 +103,7 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
 
     def node_stream(req, seed, params):
         """What the StreamChunks node runs for a one-segment line at its default chunk_size 8 (nodes/runner.py
-        Job.stream, without ComfyUI's progress bar and the browser messages): stream_batch of one item, first
+        Job.stream, without ComfyUI's progress bar and the browser messages): stream of a one-item list, first
         chunk 2 frames, the chunks in play order (play_order), the AUDIO
         made at the end. Returns (first audio s, frames)."""
         from nodes.audio_utils import make_audio, play_order

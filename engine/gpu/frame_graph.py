@@ -317,7 +317,7 @@ class GraphedFrames:
         another's prompt K/V, since that copy could be overwritten while the row still reads it."""
         bucket = bucket_for(slots, {b for b, _ in self.graphs}, self.warm_buckets)
         if max_len > self.max_seq_len:
-            raise ValueError("prompt + frames exceed the static cache")  # Engine._prepare caps this first
+            raise ValueError("prompt + frames exceed the static cache")  # Engine.prepare caps this first
         if self.prefill_graphs is not None and (bucket, self._window(0)) not in self.graphs:
             # The first request of a new takes count captures all its windows here, before its prefill,
             # instead of one window at a time between its frames (a stall in the middle of its audio). With

@@ -1,4 +1,4 @@
-"""Rows with different prompts in one batch (Engine.generate_batch): each item equals itself generated
+"""Rows with different prompts in one batch (Engine.generate (a list)): each item equals itself generated
 alone, in CPU fp32, greedy and sampled, with rows of different modes, prompt lengths and ends, more rows
 than slots (continuous admission) and takes inside items."""
 import numpy as np

@@ -64,7 +64,7 @@ def _check_equal(engine, items, params, joined):
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_stream_batch_takes_equal_generate_batch_and_alone(custom, greedy):
+def test_streamed_list_takes_equal_generate_and_alone(custom, greedy):
     params = custom.defaults.replace(max_new_tokens=30)
     params = params.greedy() if greedy else params
     items = custom_items()  # 6 rows: different speakers, languages, instructs, layouts, takes and budgets
@@ -75,7 +75,7 @@ def test_stream_batch_takes_equal_generate_batch_and_alone(custom, greedy):
     assert len(set(ends)) >= 3 and min(ends) < 30, ends  # rows end at different frames, some by EOS
 
 
-def test_stream_batch_clone_rows_icl_and_xvector(base):
+def test_streamed_list_clone_rows_icl_and_xvector(base):
     t = np.arange(2 * 24000) / 24000
     wav = (0.3 * np.sin(2 * np.pi * 190 * t)).astype(np.float32)
     icl = base.extract_voice(wav, 24000, ref_text="A reference line.")
@@ -107,7 +107,7 @@ def test_early_close_and_interrupt_free_the_engine(custom):
     _check_equal(custom, items[:2], params, _joined(chunks, items[:2]))
 
 
-def test_stream_batch_input_errors(custom):
+def test_streamed_list_input_errors(custom):
     assert list(custom.stream([])) == []
     with pytest.raises(InvalidInputError, match="first_chunk_frames"):
         next(custom.stream(custom_items(), chunk_frames=4, first_chunk_frames=5))

@@ -1,4 +1,4 @@
-"""Engine.stream_batch under CUDA graphs (skipped without CUDA): in fp32 each take's joined chunks equal that
+"""Engine.stream (a list) under CUDA graphs (skipped without CUDA): in fp32 each take's joined chunks equal that
 take generated alone (greedy codes identical, audio within 1e-4), with every row's codec chunks replayed
 from the captured one-row pieces (rows take turns on the graph state), nothing captured during the
 requests, and an early close handing the engine and the graph state back."""
@@ -56,7 +56,7 @@ def _check_alone(e, items, params, joined):
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_fp32_stream_batch_takes_equal_each_alone_under_graphs(eos_checkpoint, greedy):
+def test_fp32_streamed_list_takes_equal_each_alone_under_graphs(eos_checkpoint, greedy):
     e = _engine(eos_checkpoint)
     assert e.info.cuda_graphs and e.codec_graphs is not None
     params = e.defaults.replace(max_new_tokens=300)
@@ -72,7 +72,7 @@ def test_fp32_stream_batch_takes_equal_each_alone_under_graphs(eos_checkpoint, g
     assert len(set(ends)) >= 3, ends
 
 
-def test_fp32_stream_batch_icl_rows_under_graphs(tiny_checkpoints):
+def test_fp32_streamed_list_icl_rows_under_graphs(tiny_checkpoints):
     e = _engine(tiny_checkpoints["base"])
     t = np.arange(2 * 24000) / 24000
     wav = (0.3 * np.sin(2 * np.pi * 190 * t)).astype(np.float32)

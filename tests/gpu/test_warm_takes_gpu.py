@@ -58,12 +58,12 @@ def test_takes_up_to_warm_takes_capture_nothing_and_equal_their_own_bucket(engin
     assert got.lengths == ref.lengths == batch.lengths
     for i in range(takes):
         assert torch.equal(got.codes[i], ref.codes[i]), f"take {i}"
-        assert torch.equal(batch.codes[i], ref.codes[i]), f"take {i} (generate_batch)"
+        assert torch.equal(batch.codes[i], ref.codes[i]), f"take {i} (generate of a list)"
     torch.testing.assert_close(got.audio, ref.audio, atol=1e-4, rtol=0)
     for i in range(takes):  # each take's chunks, joined, equal its take of the whole request
         mine = [c for c in chunks if c.take == i]
-        assert torch.equal(torch.cat([c.codes for c in mine]), got.codes[i]), f"take {i} (stream_batch)"
+        assert torch.equal(torch.cat([c.codes for c in mine]), got.codes[i]), f"take {i} (stream of a list)"
         audio = torch.cat([c.audio for c in mine])
         assert audio.shape[0] == got.lengths[i]
-        assert float((audio - got.audio[i, : got.lengths[i]]).abs().max()) <= 1e-4, f"take {i} (stream_batch)"
+        assert float((audio - got.audio[i, : got.lengths[i]]).abs().max()) <= 1e-4, f"take {i} (stream of a list)"
 

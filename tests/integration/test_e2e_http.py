@@ -164,7 +164,7 @@ def test_stream_events_in_order_and_equal_to_final_audio(server):
 
 
 def test_stream_long_text_rows_in_order_equal_the_generator_node(server):
-    """StreamChunks on long text: the segments stream as rows of one stream_batch (more rows than the loader's
+    """StreamChunks on long text: the segments stream as rows of one stream (more rows than the loader's
     4 slots); the chunks arrive in order, the first one 2 frames from segment 1, and the streamed audio and the
     AUDIO equal the CustomVoice node's on the same text, seed, speaker and first_take (16-bit files: a step
     or two)."""

@@ -137,7 +137,7 @@ def test_stream_joiner_single_segment_passthrough():
 
 
 def test_play_order_holds_later_segments_and_joins_like_join_segments():
-    """Rows of one stream_batch arrive interleaved: segment 1's audio goes out as it comes, segment 2's (and 3's)
+    """Rows of one stream arrive interleaved: segment 1's audio goes out as it comes, segment 2's (and 3's)
     only once every earlier segment has ended, and everything sent equals join_segments of the segments."""
     from types import SimpleNamespace
 
