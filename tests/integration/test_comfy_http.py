@@ -209,8 +209,10 @@ def test_hostile_voice_names_are_refused_and_nothing_is_written_outside_voices(s
     # A link planted where a naive save would write its temporary file must not be followed.
     os.symlink(trap, voices / "trap.safetensors.tmp")
     names = ["../evil", "../../evil", "..", "../../../../tmp/evil", "voices/../evil", "a/b", str(outside / "abs"),
-             "/etc/evil", "..\\evil", "a\\b", "C:\\evil", "nul\x00byte", "x" * 300, "", "   ", ".hidden",
-             "-dash", "new\nline"]
+             "/etc/evil", "..\\evil", "a\\b", "C:\\evil", "x" * 300, "", "   ", ".hidden", "-dash"]
+    # Control characters are cleaned out of a name before anything else (paths.clean_name): these save under the
+    # cleaned name, inside voices/, and can be loaded back by it.
+    cleaned = {"nul\x00byte": "nulbyte", "new\nline": "new line"}
     before_tree, before_outside = _snapshot(server.base), sorted(os.listdir(outside))
     results, accepted = [], []
     for i, name in enumerate(names):
@@ -221,6 +223,10 @@ def test_hostile_voice_names_are_refused_and_nothing_is_written_outside_voices(s
             if kind == "success" or not any(w in text for w in ("voice name", "not found")):
                 accepted.append((how, name[:40], kind, text[:300]))
         _alive(server)
+    for i, (name, clean) in enumerate(cleaned.items()):
+        assert _outcome(server, _voice(name, seed=50 + i))[0] == "success", name
+        assert (voices / f"{clean}.safetensors").is_file()
+        assert _outcome(server, _load_voice(clean))[0] == "success", clean
     assert _outcome(server, _voice("ok_voice", seed=99))[0] == "success"
     assert _outcome(server, _voice("trap", seed=98))[0] == "success"
     assert _outcome(server, _load_voice("ok_voice"))[0] == "success"
@@ -233,7 +239,7 @@ def test_hostile_voice_names_are_refused_and_nothing_is_written_outside_voices(s
     assert accepted == []
     assert stray == []
     assert not trap.exists() and sorted(os.listdir(outside)) == before_outside
-    assert "ok_voice.safetensors" in voice_files and "trap.safetensors" in voice_files
+    assert {"ok_voice.safetensors", "trap.safetensors", "nulbyte.safetensors", "new line.safetensors"} <= set(voice_files)
     assert [f for f in voice_files if f.endswith(".tmp") and f != "trap.safetensors.tmp"] == []
 
 
