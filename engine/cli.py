@@ -248,7 +248,7 @@ def synth(args) -> dict:
     engine = Engine.load(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                          triton=args.triton, max_takes=takes, warm_takes=takes, codec_dir=args.codec_dir)
     load_s = time.perf_counter() - t_load
-    random_weights = is_random_checkpoint(model_dir) or is_random_checkpoint(engine.info.codec_dir)
+    random_weights = engine.info.random_weights
     mode = args.mode or MODE_OF_MODEL[engine.model_type]
     params = engine.defaults
     if args.greedy:

@@ -89,6 +89,7 @@ def load_engine(engine_cls, config: EngineConfig):
     """Load `config` into an `engine_cls` (engine.Engine): weights, codec, CUDA graphs, warm-up."""
     from . import kernels
     from .checkpoint.loader import load_components
+    from .checkpoint.writer import is_random_checkpoint
 
     check_config(config)
     dev = resolve_device(config.device)
@@ -128,7 +129,7 @@ def load_engine(engine_cls, config: EngineConfig):
     info = EngineInfo(model_dir=config.model_dir, model_type=cfg.tts_model_type, model_size=cfg.tts_model_size,
                       device=str(dev), dtype=str(dt).replace("torch.", ""), notes=notes,
                       codec_dir=str(source.path), codec_origin=source.origin,
-                      random_weights=(Path(config.model_dir) / "RANDOM_WEIGHTS.json").is_file())
+                      random_weights=is_random_checkpoint(config.model_dir) or is_random_checkpoint(source.path))
     engine = engine_cls(config=config, cfg=cfg, defaults=parts["defaults"], tokenizer=parts["tokenizer"],
                         talker=parts["talker"], speaker_encoder=parts["speaker_encoder"], codec=parts["codec"],
                         device=dev, dtype=dt, info=info)
