@@ -60,25 +60,35 @@ def _sentences(text: str) -> list[str]:
     return [p.strip() for p in pieces if p.strip()]
 
 
+def _unit(ch: str) -> int:
+    return CJK_WEIGHT if _is_cjk(ch) else 1
+
+
 def _hard_cut(piece: str, max_units: int) -> list[str]:
-    """Cut at spaces where possible, else between characters, so that every part fits."""
-    out, cur = [], ""
+    """Cut at spaces where possible, else between characters, so that every part fits. Linear in the piece:
+    every character's units are counted once, and a word longer than the budget is cut by index, not by
+    re-measuring what is left of it."""
+    out, cur, cur_units = [], [], 0
     for word in re.findall(r"\S+\s*|\s+", piece):
-        if text_units(cur + word) <= max_units:
-            cur += word
+        units = text_units(word)
+        if cur_units + units <= max_units:
+            cur.append(word)
+            cur_units += units
             continue
-        if cur.strip():
-            out.append(cur.strip())
-        cur = ""
-        while text_units(word) > max_units:  # a single word longer than the budget
-            n = 1
-            while n < len(word) and text_units(word[: n + 1]) <= max_units:
-                n += 1
-            out.append(word[:n].strip())
-            word = word[n:]
-        cur = word
-    if cur.strip():
-        out.append(cur.strip())
+        if "".join(cur).strip():
+            out.append("".join(cur).strip())
+        start = 0
+        while units > max_units:  # a single word longer than the budget: its longest head that fits (one char at least)
+            end, used = start + 1, _unit(word[start])
+            while end < len(word) and used + _unit(word[end]) <= max_units:
+                used += _unit(word[end])
+                end += 1
+            out.append(word[start:end].strip())
+            units -= used
+            start = end
+        cur, cur_units = [word[start:]], units
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
     return [p for p in out if p]
 
 

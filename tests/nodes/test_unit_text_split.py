@@ -54,3 +54,23 @@ def test_segment_budget_respects_the_cache():
 def test_invalid_budget():
     with pytest.raises(ValueError):
         ts.split_text("abc", 0)
+
+
+@pytest.mark.parametrize("char", ["x", "語"])
+def test_splitting_a_run_with_no_break_is_linear(char):
+    """A run of text with no space or punctuation is cut by index: 10x the text takes about 10x the time (it
+    was quadratic, 400,000 characters took tens of seconds). The ratio of the fastest of 3 at n and 10n is
+    compared, never an absolute time, with room for a busy machine."""
+    import time
+
+    def fastest(n):
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            segs = ts.split_text(char * n, 400)
+            best = min(best, time.perf_counter() - t)
+        assert "".join(segs) == char * n and max(ts.text_units(s) for s in segs) <= 400
+        return best
+
+    small, large = fastest(50_000), fastest(500_000)
+    assert large / small < 25, (small, large)
