@@ -18,7 +18,7 @@ import comfy.utils
 from . import engine_cache
 from .common import MAX_SEGMENT_CHARS, MIN_SEGMENT_CHARS, SEED_MAX
 from .audio_utils import make_audio, play_order, results_audio
-from .sampling import sampling_changes
+from .sampling import sampling_changes, with_changes
 from .text_split import DEFAULT_MAX_UNITS, PROMPT_OVERHEAD, segment_budget, split_text
 
 
@@ -83,7 +83,7 @@ class Job:
         if not self.segments:
             raise errors.InvalidInputError(f"{node}: the text is empty; type the words to speak.")
         self.engine = engine_cache.acquire(ref.key)
-        self.params = self.engine.defaults.replace(**changes)
+        self.params = with_changes(self.engine.defaults, changes)
         self.mode, self.language, self.speaker, self.instruct, self.voice = mode, language, speaker, instruct, voice
         self.seed, self.takes, self.first_take = seed, takes, first_take
         self.pbar = comfy.utils.ProgressBar(1)

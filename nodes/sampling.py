@@ -22,6 +22,8 @@ NUMERIC = {
     "sub_top_p": ("subtalker_top_p", float, 0.0, 1.0, "Code-predictor (sub-talker) top-p."),
     "max_new_tokens": ("max_new_tokens", int, 1, 8192, "Maximum codec frames per segment (12.5 per second)."),
 }
+# Above their minimum, not at it, as the engine accepts them (0 is greedy's job: the do_sample switches).
+OPEN_LOW = {"temperature", "top_p", "sub_temperature", "sub_top_p"}
 SWITCHES = {
     "do_sample": ("do_sample", "Talker: sample, or greedy (argmax) decoding."),
     "sub_do_sample": ("subtalker_dosample", "Code predictor: sample, or greedy decoding."),
@@ -51,7 +53,21 @@ def sampling_changes(**widgets) -> dict:
             raise ValueError(f"{wid} must be a finite {'whole ' if whole else ''}number in [{lo}, {hi}], got {v!r} "
                              "(use -1 for the checkpoint default)")
         v = kind(v)
+        if wid in OPEN_LOW and not lo < v <= hi:
+            what = "1.0 disables nucleus sampling" if "top_p" in wid else "around 0.9 is typical"
+            raise ValueError(f"{wid} must be in ({lo}, {hi}], got {v}: {what}; for deterministic output set the "
+                             "do_sample switch to greedy instead of 0 (-1 uses the checkpoint default)")
         if not lo <= v <= hi:
             raise ValueError(f"{wid} must be in [{lo}, {hi}], got {v} (use -1 for the checkpoint default)")
         changes[field] = v
     return changes
+
+
+def with_changes(defaults, changes: dict):
+    """The checkpoint's SamplingParams with the widgets' changes. A max_new_tokens set below the checkpoint's
+    min_new_tokens (which no widget sets) lowers that floor to it, instead of refusing a setting the user
+    never saw."""
+    params = defaults.replace(**changes)
+    if "max_new_tokens" in changes and params.min_new_tokens > params.max_new_tokens:
+        params = params.replace(min_new_tokens=params.max_new_tokens)
+    return params

@@ -14,7 +14,7 @@ import comfy.utils
 from . import engine_cache
 from .audio_utils import join_segments, make_audio
 from .runner import engine_errors
-from .sampling import sampling_changes
+from .sampling import sampling_changes, with_changes
 from .script_parse import Pause, Utterance
 from .script_track import assemble
 from .srt import to_srt
@@ -48,7 +48,7 @@ def run_script(node: str, ref, events: list[Utterance | Pause], fields: list[dic
     pieces = [split_text(f["text"], segment_budget(max_segment_chars, ref.key.max_seq_len, _overhead(f)))
               for f in fields]
     engine = engine_cache.acquire(ref.key)
-    params = engine.defaults.replace(**changes)
+    params = with_changes(engine.defaults, changes)
     items, owner = [], []
     for line, (f, texts) in enumerate(zip(fields, pieces)):
         for text in texts:

@@ -29,6 +29,25 @@ def test_sampling_rejects_out_of_range():
         sampling.sampling_changes(do_sample="maybe")
 
 
+@pytest.mark.parametrize("widget", sorted(sampling.OPEN_LOW))
+def test_a_zero_the_engine_refuses_is_refused_by_the_widget_check(widget):
+    """Temperature and top-p of 0 are refused before any load, naming the widget and the greedy switch, as
+    the engine would refuse them at run time; the smallest step above 0 is accepted."""
+    with pytest.raises(ValueError, match=rf"{widget} must be in \(0.0, .*greedy"):
+        sampling.sampling_changes(**{widget: 0.0})
+    assert list(sampling.sampling_changes(**{widget: 0.01}).values()) == [0.01]
+
+
+def test_max_new_tokens_below_the_checkpoint_floor_lowers_the_floor():
+    from engine.sampling import SamplingParams
+
+    defaults = SamplingParams(min_new_tokens=2)
+    params = sampling.with_changes(defaults, sampling.sampling_changes(max_new_tokens=1))
+    assert (params.max_new_tokens, params.min_new_tokens) == (1, 1) and params.validate()
+    assert sampling.with_changes(defaults, sampling.sampling_changes(max_new_tokens=5)).min_new_tokens == 2
+    assert sampling.with_changes(defaults, {}) == defaults
+
+
 def test_find_checkpoints_lists_dirs_with_config(tmp_path):
     own, foreign = tmp_path / "models" / "qwen3_tts", tmp_path / "models" / "TTS" / "Qwen3-TTS"
     for d in (own / "A", own / "org" / "B", foreign / "C", own / "voices", own / "A" / "speech_tokenizer"):
