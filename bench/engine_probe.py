@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def script_params(eng, frames: int):
-    return eng.defaults.replace(max_new_tokens=frames, min_new_tokens=min(eng.defaults.min_new_tokens, frames))
+    return eng.defaults.capped(frames)
 
 
 def before_graphs(fn) -> None:

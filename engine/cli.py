@@ -38,6 +38,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def _parser() -> argparse.ArgumentParser:
     from .prompt import DEFAULT_NON_STREAMING
+    from .engine_config import SWITCHES
     from .limits import MAX_TAKES
 
     official = ", ".join(f"{mode}: {'on' if on else 'off'}" for mode, on in DEFAULT_NON_STREAMING.items())
@@ -87,9 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)")
     s.add_argument("--dtype", default="auto", help="bf16, fp16, fp32, or auto (bf16 on a GPU that supports it, "
                                                    "else fp32)")
-    s.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"],
+    s.add_argument("--cuda-graphs", default="auto", choices=SWITCHES,
                    help="capture the decode step as CUDA graphs (GPU only); on: an error where impossible")
-    s.add_argument("--triton", default="auto", choices=["auto", "on", "off"],
+    s.add_argument("--triton", default="auto", choices=SWITCHES,
                    help="fused Triton kernels (GPU only); on: an error where unavailable")
     s.add_argument("--out", type=Path, default=Path("out.wav"), help="WAV output; with several takes one file "
                                                                      "per take, out_take<i>.wav")
@@ -255,7 +256,7 @@ def synth(args) -> dict:
         params = params.greedy()
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (64 if random_weights else None)
     if max_new is not None:
-        params = params.replace(max_new_tokens=max_new, min_new_tokens=max(0, min(params.min_new_tokens, max_new)))
+        params = params.capped(max_new)
     for name in ("temperature", "top_k", "top_p", "repetition_penalty"):
         if getattr(args, name) is not None:
             params = params.replace(**{name: getattr(args, name)})

@@ -24,10 +24,9 @@ WHOLE_PIECE_FRAMES = 16
 
 
 class _Group:
-    """Rows decoded on one state: `slots` (batch rows) of the session's chunks."""
+    """Rows decoded on one state: every row (together), or one."""
 
-    def __init__(self, slots: list, state, shared: bool):
-        self.slots = slots
+    def __init__(self, state, shared: bool):
         self.state = state  # a DecodeState, or a parked snapshot of the one-row bucket's (a list of tensors)
         self.shared = shared  # the state is a graph bucket's, handed over by CodecGraphs.acquire
         self.pending: list[torch.Tensor] = []  # codes [B, Q, k] not decoded yet
@@ -40,15 +39,14 @@ class _Group:
 class CodecSession:
     """Audio for the rows of one decode loop.
 
-    refs[r]: row r's ICL reference codes [R, Q] or None. together: the loop admits every row at once, slot s
-    holding row order[s] from the first frame to its end, and all refs are one. stream: `push` returns each
+    refs[r]: row r's ICL reference codes [R, Q] or None. together: the loop admits every row at once, each
+    holding its slot from the first frame to its end, and all refs are one. stream: `push` returns each
     row's new audio (on the host); otherwise `finish` returns every row's whole audio (on the device).
     side: the CUDA stream the codec runs on (None: the current one)."""
 
-    def __init__(self, decoder, graphs, refs: list, *, together: bool, stream: bool, order=None, side=None):
+    def __init__(self, decoder, graphs, refs: list, *, together: bool, stream: bool, side=None):
         self.decoder, self.graphs, self.refs = decoder, graphs, refs
         self.stream, self.side, self.together = stream, side, together
-        self.order = list(range(len(refs))) if order is None else list(order)
         self.groups: dict[int, _Group] = {}  # row (-1: the together group) -> its group
         self.current = None  # per-row with graphs: the row whose state sits in the one-row bucket's buffers
         self.bucket_state = None  # per-row with graphs: the one-row bucket's state, while this session holds it
@@ -86,24 +84,24 @@ class CodecSession:
 
         if ref is not None:
             self.decoder.check_codes(ref.t()[None])
-        group = _Group(self.order, shared if shared is not None else DecodeState(), shared is not None)
-        self._fresh(group.state, ref, len(self.order))
+        group = _Group(shared if shared is not None else DecodeState(), shared is not None)
+        self._fresh(group.state, ref, len(self.refs))
         self.groups[-1] = group
 
-    def _open(self, row: int, slots: list, ref) -> None:
+    def _open(self, row: int, ref) -> None:
         """Row `row` starts: its own state, in the one-row bucket's buffers when this session holds them."""
         from .codec.decoder import DecodeState
 
         if ref is not None:
             self.decoder.check_codes(ref.t()[None])
         if self.bucket_state is None:  # a private state for this row
-            group = _Group(slots, DecodeState(), False)
+            group = _Group(DecodeState(), False)
             self._fresh(group.state, ref, 1)
             self.groups[row] = group
             return
         self._park()
         self._fresh(self.bucket_state, ref, 1)
-        self.groups[row] = _Group(slots, None, True)  # its state lives in the bucket's buffers for now
+        self.groups[row] = _Group(None, True)  # its state lives in the bucket's buffers for now
         self.current = row
 
     def _park(self) -> None:
@@ -187,7 +185,7 @@ class CodecSession:
             if r < 0:
                 continue
             if r not in self.groups:
-                self._open(r, [slot], self.refs[r])
+                self._open(r, self.refs[r])
             n, final = real[slot], r in chunk.ended
             if n:
                 self.groups[r].pending.append(chunk.codes[slot, :n].t()[None])
@@ -215,7 +213,7 @@ class CodecSession:
             if main is not None:
                 for p in parts:
                     p.record_stream(main)  # made on the side stream, read (and freed) on the main one
-            rows = len(self.order) if row == -1 else 1
+            rows = len(self.refs) if row == -1 else 1
             if not parts:
                 wav = torch.zeros(rows, 0, device=self._device())
             else:

@@ -113,8 +113,7 @@ class Engine:
         if not isinstance(config, EngineConfig):
             if not isinstance(config, (str, bytes)) and not hasattr(config, "__fspath__"):
                 raise InvalidInputError(f"Engine.load takes an EngineConfig or a folder (got {type(config).__name__}).")
-            config = EngineConfig(model_dir=config, **{k: ("" if k == "codec_dir" and v is None else v)
-                                                       for k, v in options.items()})
+            config = EngineConfig(model_dir=config, **options)
         elif options:
             config = config.replace(**options)
         return load_engine(cls, config)
@@ -167,9 +166,10 @@ class Engine:
             )
         return prompt, params, min(params.max_new_tokens, room)
 
-    def _items(self, what, takes, seed, first_take, caller: str) -> list:
+    def _items(self, what, takes, seed, first_take, caller: str) -> tuple[list, bool]:
+        """(the items, whether `what` was one Request)."""
         if checks.same_kind(what, Request):
-            return [BatchItem(what, takes=takes, seed=seed, first_take=first_take)]
+            return [BatchItem(what, takes=takes, seed=seed, first_take=first_take)], True
         if isinstance(what, (list, tuple)):
             if (takes, seed, first_take) != (1, 0, 0):
                 raise InvalidInputError(f"{caller}: with a list of BatchItem, takes, seed and first_take are set "
@@ -178,7 +178,7 @@ class Engine:
                 if not checks.same_kind(item, BatchItem):
                     raise InvalidInputError(f"{caller} takes a Request or a list of BatchItem "
                                             f"(got a list holding {type(item).__name__}).")
-            return list(what)
+            return list(what), False
         raise InvalidInputError(f"{caller} takes a Request or a list of BatchItem (got {type(what).__name__}).")
 
     def _rows(self, items: list, params) -> tuple[list, list, list]:
@@ -197,10 +197,10 @@ class Engine:
     def _max_rows(self, max_rows) -> int:
         return self.max_takes if max_rows is None else checks.whole_number("max_rows", max_rows, 1, self.max_takes)
 
-    def _session(self, rows: list, together: bool, stream: bool, order=None) -> CodecSession:
+    def _session(self, rows: list, together: bool, stream: bool) -> CodecSession:
         side = torch.cuda.Stream(self.device) if self.codec_graphs is not None else None
         return CodecSession(self.codec.decoder, self.codec_graphs, [r.prompt.ref_codes for r in rows],
-                            together=together, stream=stream, order=order, side=side)
+                            together=together, stream=stream, side=side)
 
     # -- synthesis -----------------------------------------------------------------------------
 
@@ -217,8 +217,7 @@ class Engine:
         (on_progress(frames_done, frames_total), the total an estimate) and finished rows free their slots
         for the next (longest text first). should_stop() -> True stops with GenerationInterrupted."""
         t0 = time.perf_counter()
-        single = checks.same_kind(what, Request)
-        items = self._items(what, takes, seed, first_take, "generate")
+        items, single = self._items(what, takes, seed, first_take, "generate")
         if not items:
             return []
         max_rows = self._max_rows(max_rows)
@@ -229,7 +228,7 @@ class Engine:
                  for r in item_rows[k]]
         slots = min(max_rows, len(rows))
         together = len(rows) <= slots and _shared_reference(rows)
-        session = self._session(rows, together, stream=False, order=order)
+        session = self._session(rows, together, stream=False)
         timings = {}
         chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, order=order,
@@ -292,8 +291,7 @@ class Engine:
         its slot for the next at a chunk boundary. `first_chunk_frames` (1..chunk_frames, 0 = chunk_frames)
         makes the first chunk shorter for earlier first audio, and only item 0's takes are prefilled before
         it. Closing the generator early frees the engine."""
-        single = checks.same_kind(what, Request)
-        items = self._items(what, takes, seed, first_take, "stream")
+        items, _ = self._items(what, takes, seed, first_take, "stream")
         if not items:
             return
         max_rows = self._max_rows(max_rows)
@@ -304,7 +302,7 @@ class Engine:
         rows, _, item_rows = self._rows(items, params)
         tag = [(k, i) for k, mine in enumerate(item_rows) for i in range(len(mine))]
         slots = min(max_rows, len(rows))
-        lead = min(len(item_rows[0]), slots) if first_chunk_frames > 0 and not single else 0
+        lead = min(len(item_rows[0]), slots) if first_chunk_frames > 0 else 0
         together = len(rows) <= slots and lead in (0, len(rows)) and _shared_reference(rows)
         session = self._session(rows, together, stream=True)
         side = session.side

@@ -7,7 +7,6 @@ from pathlib import Path
 from .limits import MAX_TAKES
 
 SWITCHES = ("auto", "on", "off")
-DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class EngineConfig:
     def __post_init__(self):
         # Paths are kept as absolute strings: two spellings of one folder are one cache key.
         object.__setattr__(self, "model_dir", _absolute(self.model_dir))
-        object.__setattr__(self, "codec_dir", _absolute(self.codec_dir) if self.codec_dir else "")
+        object.__setattr__(self, "codec_dir", _absolute(self.codec_dir) if self.codec_dir else "")  # None, "": own
 
     def replace(self, **changes) -> EngineConfig:
         return replace(self, **changes)

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from . import checks
-from .engine_config import DTYPE_NAMES, MAX_TAKES, SWITCHES, EngineConfig
+from .engine_config import SWITCHES, EngineConfig
+from .limits import MAX_TAKES
 from .decode import Row, decode_rows
 from .errors import InvalidInputError, UnsupportedConfigError
 from .gpu.buckets import warm_buckets
@@ -70,7 +71,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in DTYPES:
-        raise UnsupportedConfigError(f"dtype '{dtype}' is not supported; use one of {', '.join(DTYPE_NAMES)}.")
+        raise UnsupportedConfigError(f"dtype '{dtype}' is not supported; use one of auto, {', '.join(DTYPES)}.")
     return DTYPES[dtype]
 
 
@@ -207,7 +208,7 @@ def warm_up(engine) -> None:
     else:
         req = Request(mode=mode, text="Warm up.", speaker=(engine.speakers or [None])[0], instruct="")
     # A checkpoint's min_new_tokens may exceed the 2 warm-up frames; validation must not fail the capture.
-    warm = engine.defaults.replace(max_new_tokens=2, min_new_tokens=min(engine.defaults.min_new_tokens, 2))
+    warm = engine.defaults.capped(2)
     # The frames alone first: the codec's graphs are still being captured beside them.
     prompt, params, max_frames = engine.prepare(req, 1, warm)
     for _ in decode_rows(engine.runner, [Row(prompt, 0, max_frames)], slots=1, params=params,

@@ -75,6 +75,12 @@ class SamplingParams:
     def greedy(self) -> "SamplingParams":
         return replace(self, do_sample=False, subtalker_dosample=False)
 
+    def capped(self, max_new_tokens: int) -> "SamplingParams":
+        """These settings with a frame budget of `max_new_tokens`; a min_new_tokens above it comes down to it
+        (a budget the caller chose wins over the checkpoint's floor)."""
+        return replace(self, max_new_tokens=max_new_tokens, min_new_tokens=max(0, min(self.min_new_tokens,
+                                                                                        max_new_tokens)))
+
 
 # ---------------------------------------------------------------------------------------------
 # Counter-based random streams

@@ -68,6 +68,4 @@ def with_changes(defaults, changes: dict):
     min_new_tokens (which no widget sets) lowers that floor to it, instead of refusing a setting the user
     never saw."""
     params = defaults.replace(**changes)
-    if "max_new_tokens" in changes and params.min_new_tokens > params.max_new_tokens:
-        params = params.replace(min_new_tokens=params.max_new_tokens)
-    return params
+    return params.capped(params.max_new_tokens) if "max_new_tokens" in changes else params
