@@ -90,6 +90,15 @@ def eos_checkpoint(tmp_path_factory) -> Path:
     return write_random_checkpoint(root / "custom_voice", "tiny", "custom_voice", seed=0, eos=True, eos_scale=4.0)
 
 
+@pytest.fixture(scope="session")
+def eos_base_checkpoint(tmp_path_factory) -> Path:
+    """A tiny Base checkpoint with the same live, scaled-up EOS row."""
+    from engine.checkpoint.writer import write_random_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_eos_base")
+    return write_random_checkpoint(root / "base", "tiny", "base", seed=0, eos=True, eos_scale=4.0)
+
+
 _FIGURES: list[tuple[str, dict]] = []
 
 

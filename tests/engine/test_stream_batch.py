@@ -21,12 +21,8 @@ def custom(eos_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    from engine.checkpoint.writer import write_random_checkpoint
-
-    path = write_random_checkpoint(tmp_path_factory.mktemp("tiny_eos_base_sb") / "base", "tiny", "base", seed=0,
-                                   eos=True, eos_scale=4.0)
-    return Engine.load(path, device="cpu", dtype="fp32")
+def base(eos_base_checkpoint):
+    return Engine.load(eos_base_checkpoint, device="cpu", dtype="fp32")
 
 
 def _joined(chunks, items):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support._q3support import need
 from tests.support.comfy_inproc import PACK, comfy_missing
 from tests.support.procstats import rss_mb
 
@@ -37,11 +38,7 @@ def _client():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    why = comfy_missing()
-    if why:
-        if os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    need(comfy_missing())
     client = _client()
     base = tmp_path_factory.mktemp("reliability_comfy")
     (base / "custom_nodes").mkdir()

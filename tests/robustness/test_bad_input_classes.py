@@ -23,6 +23,7 @@ from engine import Engine, Request, Voice, cli
 from engine.errors import Qwen3TTSError
 from tests.support import bad_inputs as B
 from tests.support import comfy_nodes
+from tests.support._q3support import need
 
 MODEL_OF_MODE = {"custom": "custom_voice", "design": "voice_design", "clone": "base"}
 REQUEST = {"custom": dict(text="Fine.", language="english", speaker="ryan"),
@@ -185,11 +186,7 @@ def test_cli(ctx, case):
 
 @pytest.fixture(scope="module")
 def nodes(ctx, tmp_path_factory):
-    why = comfy_nodes.missing()
-    if why:
-        if os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    need(comfy_nodes.missing())
     comfy_nodes.load_pack(tmp_path_factory.mktemp("comfy_base"))
     m = comfy_nodes.pack_module
     cache, gen, voice_nodes = m("nodes/engine_cache.py"), m("nodes/node_generate.py"), m("nodes/node_voice.py")

@@ -19,6 +19,7 @@ import pytest
 
 from engine import Engine, Request
 from tests.support import comfy_inproc
+from tests.support._q3support import need
 from tests.support.procstats import open_fds, rss_mb
 
 LONG = os.environ.get("QWEN3TTS_SOAK") == "long"
@@ -94,11 +95,7 @@ def test_soak_generations_keep_memory_and_fds_flat(engines, figure):
 
 
 def test_soak_load_release_cycles_through_the_node_cache(tiny_checkpoints, figure):
-    why = comfy_inproc.comfy_missing()
-    if why:
-        if os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    need(comfy_inproc.comfy_missing())
     with comfy_inproc.engine_cache() as (mm, cache):
         _cycles(mm, cache, tiny_checkpoints, figure)
 

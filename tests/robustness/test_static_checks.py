@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support._q3support import need
+
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ["__init__.py", "engine", "nodes", "scripts"]  # what users run; bench/ and tests/ are dev tools
 SCANNED = SHIPPED + ["bench"]
@@ -32,9 +34,7 @@ def _py_files(parts):
 
 
 def _need_tool(why):
-    if os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":
-        pytest.fail(why)
-    pytest.skip(why)
+    need(why)
 
 
 def test_ruff_security_rules(figure):

@@ -10,15 +10,12 @@ import torch
 
 from engine import Voice
 from tests.support import comfy_inproc
+from tests.support._q3support import need
 
 
 @pytest.fixture(scope="module")
 def node_voice():
-    why = comfy_inproc.comfy_missing()
-    if why:
-        if os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    need(comfy_inproc.comfy_missing())
     with comfy_inproc.engine_cache():  # ComfyUI's modules and the pack alias
         yield importlib.import_module(f"{comfy_inproc.ALIAS}.nodes.node_voice")
 

@@ -28,6 +28,18 @@ def comfy_missing() -> str | None:
     return None
 
 
+def need(why: str | None) -> None:
+    """A missing tool or tier (`why`, None: nothing is missing): skip the test, or fail it under
+    QWEN3TTS_STRICT_TESTS=1 (CI), where everything must be there."""
+    import pytest
+
+    if not why:
+        return
+    if os.environ.get("QWEN3TTS_STRICT_TESTS") == "1":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
 def skip_comfy_tier(items, here: Path) -> None:
     """Skips for the tests in folder `here` (a pytest_collection_modifyitems hook's items): `test_unit_*.py` need
     only torch; every other test needs the real ComfyUI; `engine`-marked ones also the engine. With
