@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+# The sampling overrides the CLI takes, as SamplingParams fields (--max-new-tokens, --temperature, ...).
+SAMPLING_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty")
+
 
 def _cache_dir() -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -150,7 +153,7 @@ def check_args(args) -> None:
     from .errors import InvalidInputError, ModeError
     from .prompt import CHECKPOINT_OF_MODE, MODE_OF_MODEL
     from .limits import MAX_TAKES, SEED_MAX, TAKE_STREAMS
-    from .sampling import MAX_NEW_TOKENS, MAX_REPETITION_PENALTY, MAX_TEMPERATURE, MAX_TOP_K
+    from .sampling import MAX_NEW_TOKENS, SamplingParams
 
     checks.whole_number("--takes", args.takes, 1, MAX_TAKES)
     checks.whole_number("--seed", args.seed, 0, SEED_MAX)
@@ -159,17 +162,12 @@ def check_args(args) -> None:
                         f"Take indices end at {TAKE_STREAMS - 1}, so with --takes {args.takes} the first take is "
                         f"at most {last}." if args.first_take > last else "")
     checks.whole_number("--chunk-frames", args.chunk_frames, 1, MAX_NEW_TOKENS, "8 frames (0.64 s) is typical.")
-    if args.max_new_tokens is not None:
-        checks.whole_number("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS,
-                            "It caps the codec frames of one take (12.5 per second).")
-    for name, hi, hint in (("temperature", MAX_TEMPERATURE, ("Around 0.9 is typical; for deterministic output use "
-                                                             "--greedy instead of 0.")),
-                           ("top_p", 1.0, "1.0 disables nucleus sampling."),
-                           ("repetition_penalty", MAX_REPETITION_PENALTY, "1.0 disables it; around 1.05 is typical.")):
-        if getattr(args, name) is not None:
-            checks.real_number("--" + name.replace("_", "-"), getattr(args, name), 0.0, hi, lo_open=True, hint=hint)
-    if args.top_k is not None:
-        checks.whole_number("--top-k", args.top_k, 0, MAX_TOP_K, "0 disables top-k; around 50 is typical.")
+    # The sampling options the user gave, checked by the engine's own rules over valid defaults, named as options.
+    given = {f: getattr(args, f) for f in SAMPLING_OPTIONS if getattr(args, f) is not None}
+    params = SamplingParams()
+    if "max_new_tokens" in given:
+        params = params.capped(given["max_new_tokens"])
+    params.replace(**given).validate(label=lambda field: "--" + field.replace("_", "-"))
 
     for option, path in (("--model", args.model), ("--codec-dir", args.codec_dir)):
         if path is not None and not path.is_dir():
@@ -257,7 +255,7 @@ def synth(args) -> dict:
     max_new = args.max_new_tokens if args.max_new_tokens is not None else (64 if random_weights else None)
     if max_new is not None:
         params = params.capped(max_new)
-    for name in ("temperature", "top_k", "top_p", "repetition_penalty"):
+    for name in SAMPLING_OPTIONS[1:]:  # max_new_tokens is applied above
         if getattr(args, name) is not None:
             params = params.replace(**{name: getattr(args, name)})
     voice = None

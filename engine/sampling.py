@@ -47,23 +47,25 @@ class SamplingParams:
     def replace(self, **changes) -> "SamplingParams":
         return replace(self, **changes)
 
-    def validate(self) -> "SamplingParams":
-        """Raise InvalidInputError naming the first field that is of the wrong type, NaN, infinite or out of range."""
-        checks.whole_number("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS,
+    def validate(self, label=None) -> "SamplingParams":
+        """Raise InvalidInputError naming the first field that is of the wrong type, NaN, infinite or out of range.
+        label(field) is the name the message gives a field (the CLI names its options); default the field's."""
+        name = label or (lambda field: field)
+        checks.whole_number(name("max_new_tokens"), self.max_new_tokens, 1, MAX_NEW_TOKENS,
                             "It caps the codec frames of one segment (12.5 per second).")
-        checks.whole_number("min_new_tokens", self.min_new_tokens, 0, self.max_new_tokens,
-                            "It must not exceed max_new_tokens.")
+        checks.whole_number(name("min_new_tokens"), self.min_new_tokens, 0, self.max_new_tokens,
+                            f"It must not exceed {name('max_new_tokens')}.")
         for prefix, switch in (("", "do_sample"), ("subtalker_", "subtalker_dosample")):
-            checks.flag(switch, getattr(self, switch))
-            checks.real_number(prefix + "temperature", getattr(self, prefix + "temperature"), 0.0, MAX_TEMPERATURE,
-                               lo_open=True, hint="Around 0.9 is typical; for deterministic output use greedy "
-                                                  "decoding instead of 0.")
-            checks.whole_number(prefix + "top_k", getattr(self, prefix + "top_k"), 0, MAX_TOP_K,
+            checks.flag(name(switch), getattr(self, switch))
+            checks.real_number(name(prefix + "temperature"), getattr(self, prefix + "temperature"), 0.0,
+                               MAX_TEMPERATURE, lo_open=True, hint="Around 0.9 is typical; for deterministic output "
+                                                                   "use greedy decoding instead of 0.")
+            checks.whole_number(name(prefix + "top_k"), getattr(self, prefix + "top_k"), 0, MAX_TOP_K,
                                 "0 disables top-k; around 50 is typical.")
-            checks.real_number(prefix + "top_p", getattr(self, prefix + "top_p"), 0.0, 1.0, lo_open=True,
+            checks.real_number(name(prefix + "top_p"), getattr(self, prefix + "top_p"), 0.0, 1.0, lo_open=True,
                                hint="1.0 disables nucleus sampling.")
-        checks.real_number("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, lo_open=True,
-                           hint="1.0 disables it; around 1.05 is typical.")
+        checks.real_number(name("repetition_penalty"), self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY,
+                           lo_open=True, hint="1.0 disables it; around 1.05 is typical.")
         return self
 
     @classmethod
