@@ -158,7 +158,7 @@ def test_windowed_streaming(spec_weights):
     assert diff <= TOL
     cut = (_stream(spec_weights, codes, 9, 8) - full).abs().max().item()
     print(f"windowed: context 30 -> {diff:.3g}, context 8 -> {cut:.3g}")
-    assert cut > 10 * TOL  # the measurement in bench/codec_receptive_field.py is not vacuous
+    assert cut > 10 * TOL  # the receptive-field figure (docs/PERFORMANCE_NOTES.md) is not vacuous
 
 
 def test_long_decode_is_chunked_exactly(spec_weights):

@@ -3,7 +3,7 @@
 Opening the frame runner and admitting rows (the prefill graph, the K/V copy into each take's row, the per-row
 state) runs with PyTorch's sync debug mode set to "error": any blocking copy or synchronisation in it fails the
 test. Such a wait after the prefill kept the host from queueing the first frame until the prefill ended
-(1.7-1.9 ms a request on an H100, bench/node_timeline.py). Covered: one take, four takes (one prompt's K/V
+(1.7-1.9 ms a request on an H100). Covered: one take, four takes (one prompt's K/V
 copied into four rows), and a batch with more rows than slots, whose later rows are admitted mid-run while
 frames are queued (slots not in order: the index goes through pinned memory)."""
 import contextlib

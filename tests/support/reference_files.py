@@ -1,5 +1,5 @@
 """Reference recordings at any rate, written as real files, and their clone-parity figures against the official
-qwen-tts 0.1.1 (shared by tests/engine/test_resample_parity.py and bench/resample_parity.py).
+qwen-tts 0.1.1 (used by tests/engine/test_resample_parity.py).
 
 Each engine reads the file its own way, as a user's run would: ours through `engine.audio.load_wav`, the
 oracle through its `create_voice_clone_prompt(ref_audio=path)` (librosa.load, then librosa.resample).

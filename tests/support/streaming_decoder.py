@@ -22,9 +22,8 @@ from engine.errors import InvalidInputError
 
 # Why streaming carries state instead of re-decoding a window: the left context a window would need is the
 # theoretical receptive field, 8 layers x 71 frames of sliding-window attention + 11.4 frames of causal
-# convs = 579.4 -> 580 frames. Measured by
-# bench/codec_receptive_field.py (bench/results/codec_receptive_field.json, CPU fp32, random weights by
-# the OFFLINE_TESTING.md §4.1 rules): on the real-size decoder a frame-0 perturbation still moves the
+# convs = 579.4 -> 580 frames. Measured with a perturbation probe (docs/PERFORMANCE_NOTES.md; CPU fp32, random
+# weights by the OFFLINE_TESTING.md §4.1 rules): on the real-size decoder a frame-0 perturbation still moves the
 # transformer output 517 frames later (> 1e-7) and the waveform at the end of a 204-frame test (> 1e-5);
 # windows with 80 / 144 / 160 frames of context miss one-pass output by 4.8e-4 / 1.3e-4 / 1.3e-4 (tiny
 # config: RF 149 frames = its 2 x 71 + 11 bound). No shorter context is exact, hence the stateful default.
