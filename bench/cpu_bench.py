@@ -108,7 +108,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d")}
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cpu.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (out / "cpu.json").write_text(json.dumps({"meta": meta, "rows": rows}, separators=(",", ":")))
     lines = ["| checkpoint | dtype | frames | official B=1 ms/frame | ours B=1 ms/frame (decode only) "
              "| ours B=4 ms/frame | speed-up B=1 | B=4 / B=1 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

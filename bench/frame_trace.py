@@ -89,7 +89,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"frame_trace_{args.size}_b{args.takes}.json").write_text(json.dumps(
         {"device": torch.cuda.get_device_name(), "size": args.size, "takes": args.takes, "graph_ms": ms,
-         "traced_us": span, "charges": rows, "kernels": kernels}, indent=1))
+         "traced_us": span, "charges": rows, "kernels": kernels}, separators=(",", ":")))
 
 
 if __name__ == "__main__":

@@ -293,7 +293,7 @@ def main() -> None:
     meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "dtype": "bf16",
             "frames": args.frames, "text_words": len(TEXT.split()), "date": time.strftime("%Y-%m-%d"),
             "engine_root": str(args.engine_root)}
-    (args.out / "gpu.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    (args.out / "gpu.json").write_text(json.dumps({"meta": meta, "results": results}, separators=(",", ":")))
     (args.out / "gpu.md").write_text(f"{meta['gpu']}, torch {meta['torch']}, bf16, {args.frames} frames "
                                      f"(EOS disabled), best of 3.\n\n{table(results)}\n")
     print(table(results))

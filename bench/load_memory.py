@@ -109,7 +109,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"load_memory_{args.name or gpu_tag()}.json"
     path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "size": args.size, "roots": roots,
-                                "runs": out}, indent=2))
+                                "runs": out}, separators=(",", ":")))
     print(f"\nwrote {path}")
 
 

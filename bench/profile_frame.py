@@ -120,7 +120,7 @@ def main() -> None:
         print(f"linear M={r['M']} N={r['N']} K={r['K']}: {r['us']} us, {r['GBps']} GB/s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"profile_{args.size}_b{args.takes}_{args.triton}.json").write_text(json.dumps(result, indent=1))
+    (out / f"profile_{args.size}_b{args.takes}_{args.triton}.json").write_text(json.dumps(result, separators=(",", ":")))
 
 
 if __name__ == "__main__":

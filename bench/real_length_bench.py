@@ -326,7 +326,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write():  # after every run, so a run cut off keeps what it measured
-        (args.out / f"real_length_{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        (args.out / f"real_length_{name}.json").write_text(json.dumps({"meta": meta, "results": results}, separators=(",", ":")))
         md = (f"{gpu}, torch {meta['torch']}, bf16, {meta['sentences']} sentences, {meta['audio_s']:.0f} s of "
               "audio per take (EOS disabled, frames from 2.7 words/s or 4.5 CJK chars/s), each mode in a fresh "
               f"process.\n\n{table(results)}\n")

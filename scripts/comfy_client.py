@@ -31,7 +31,7 @@ CHECKPOINTS = {  # folder name used by the example workflows -> model type
     "Qwen3-TTS-12Hz-0.6B-Base": "base",
 }
 TEST_MAX_NEW_TOKENS = 12  # tiny random checkpoints never emit EOS: cap every segment at 12 frames (0.96 s)
-REFERENCE_WAV = "qwen3tts_reference.wav"
+REFERENCE_WAV = "qwen3tts_reference.flac"
 
 
 def install_test_checkpoints(models_dir: Path, max_new_tokens: int = TEST_MAX_NEW_TOKENS) -> list[Path]:

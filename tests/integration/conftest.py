@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def comfy_base(tmp_path_factory):
-    """A ComfyUI --base-directory: custom_nodes/ -> this pack, tiny checkpoints, the reference wav (its users are
+    """A ComfyUI --base-directory: custom_nodes/ -> this pack, tiny checkpoints, the reference clip (its users are
     `engine`-marked, so they are skipped at collection when the engine cannot run)."""
     client = load_script("comfy_client")
     base = tmp_path_factory.mktemp("comfy_base")
