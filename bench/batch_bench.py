@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from timing import write_json  # bench/ is on sys.path when a bench runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -170,7 +171,7 @@ def main() -> int:
             "words": args.words, "lines": args.lines, "max_rows": args.max_rows, "repeats": args.repeats,
             "eos": "disabled; every piece decodes its natural frame count"}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"batch_{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, separators=(",", ":")))
+    write_json(args.out / f"batch_{name}.json", {"meta": meta, "rows": rows})
     head = "| case | mode | pieces | audio s | wall s | × real time | slots | occupancy | speed-up |"
     lines = [f"# Batch rows vs one by one ({gpu}, {size} CustomVoice, {engine.info.dtype})", "",
              f"{args.words}-word English text split as the nodes split it; {args.lines}-line 3-speaker script; "

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from timing import best_of  # bench/ is on sys.path when a bench runs
+from timing import best_of, write_json  # bench/ is on sys.path when a bench runs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -108,7 +108,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d")}
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cpu.json").write_text(json.dumps({"meta": meta, "rows": rows}, separators=(",", ":")))
+    write_json(out / "cpu.json", {"meta": meta, "rows": rows})
     lines = ["| checkpoint | dtype | frames | official B=1 ms/frame | ours B=1 ms/frame (decode only) "
              "| ours B=4 ms/frame | speed-up B=1 | B=4 / B=1 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

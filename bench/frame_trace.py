@@ -12,7 +12,6 @@ with every kernel of the frame in order and prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from profile_frame import current_window, frame_ms
+from timing import write_json
 
 OURS = ("linear_kernel", "attention_o_proj_kernel", "split_kernel", "qk_norm_rope_kv_kernel", "sample_kernel",
         "rms_norm_kernel", "attention_kernel", "talker_input_kernel",
@@ -71,8 +71,9 @@ def main() -> None:
     ap.add_argument("--size", default="0.6b")
     ap.add_argument("--takes", type=int, default=1)
     args = ap.parse_args()
-    from engine import Engine, Request
     from gpu_bench import TEXT, checkpoint
+
+    from engine import Engine, Request
 
     eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton="auto",
                       max_seq_len=1024)
@@ -87,9 +88,9 @@ def main() -> None:
     for r in rows:
         print(f"| {r['kernel']} | {r['count']} | {r['us']} | {r['us_each']} |")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"frame_trace_{args.size}_b{args.takes}.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(), "size": args.size, "takes": args.takes, "graph_ms": ms,
-         "traced_us": span, "charges": rows, "kernels": kernels}, separators=(",", ":")))
+    write_json(args.out / f"frame_trace_{args.size}_b{args.takes}.json",
+               {"device": torch.cuda.get_device_name(), "size": args.size, "takes": args.takes, "graph_ms": ms,
+                "traced_us": span, "charges": rows, "kernels": kernels})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-from timing import best_of, run_fresh  # bench/ is on sys.path when a bench runs
+from timing import (  # bench/ is on sys.path when a bench runs
+    best_of,
+    run_fresh,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ("The old lighthouse keeper climbed the narrow stairs every evening, lit the great lamp, "
@@ -140,9 +144,8 @@ def _patch_tf5_rope():
 
 
 def worker_faster(ckpt: Path, frames: int) -> dict:
-    import torch
-
     import qwen_tts  # noqa: F401  (qwen-tts-hf)
+    import torch
     _patch_tf5_rope()
     from faster_qwen3_tts import FasterQwen3TTS
 
@@ -182,9 +185,8 @@ def worker_faster(ckpt: Path, frames: int) -> dict:
 
 
 def worker_official(ckpt: Path, frames: int) -> dict:
-    import torch
-
     import qwen_tts
+    import torch
     _patch_tf5_rope()
 
     model = qwen_tts.Qwen3TTSModel.from_pretrained(str(ckpt), device_map="cuda", dtype=torch.bfloat16)
@@ -293,7 +295,7 @@ def main() -> None:
     meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "dtype": "bf16",
             "frames": args.frames, "text_words": len(TEXT.split()), "date": time.strftime("%Y-%m-%d"),
             "engine_root": str(args.engine_root)}
-    (args.out / "gpu.json").write_text(json.dumps({"meta": meta, "results": results}, separators=(",", ":")))
+    write_json(args.out / "gpu.json", {"meta": meta, "results": results})
     (args.out / "gpu.md").write_text(f"{meta['gpu']}, torch {meta['torch']}, bf16, {args.frames} frames "
                                      f"(EOS disabled), best of 3.\n\n{table(results)}\n")
     print(table(results))

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from timing import write_json  # bench/ is on sys.path when a bench runs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -363,7 +364,7 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         tag = "" if args.rows == [1, 16] else "_rows" + "_".join(map(str, args.rows))
         tag += "" if args.linear_grid == "base" else f"_{args.linear_grid}"
-        (out / f"linear_sweep_{args.dtype}{tag}.json").write_text(json.dumps(rows, separators=(",", ":")))
+        write_json(out / f"linear_sweep_{args.dtype}{tag}.json", rows)
         return
     if args.attention:
         rows = attention_sweep(dt, dev, args.reps, args.rows, args.windows)
@@ -373,7 +374,7 @@ def main():
                 "triton": __import__("triton").__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "method": "median of graph replays, 50 calls per graph, cache copies rotated past L2"}
         path = out / f"attention_sweep_{args.dtype}.json"
-        path.write_text(json.dumps({"meta": meta, "results": rows}, separators=(",", ":")))
+        write_json(path, {"meta": meta, "results": rows})
         print(f"wrote {path}")
         return
     rows = []
@@ -390,7 +391,7 @@ def main():
                 "triton": __import__("triton").__version__, "python": platform.python_version(),
                 "when": time.strftime("%Y-%m-%d %H:%M:%S"), "method": "median of graph replays, 50 calls per graph"}
     path = out / f"kernel_bench_{args.dtype}.json"
-    path.write_text(json.dumps({"meta": meta, "results": rows}, separators=(",", ":")))
+    write_json(path, {"meta": meta, "results": rows})
     print(f"wrote {path}")
 
 

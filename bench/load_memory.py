@@ -14,13 +14,12 @@ writes DIR/load_memory_NAME.json.
 from __future__ import annotations
 
 import bisect
-import json
 import sys
 from pathlib import Path
 
 from engine_probe import before_graphs
 from gpu_bench import checkpoint
-from timing import gpu_tag, run_tree, tree_ab_args, tree_ab_parser
+from timing import gpu_tag, run_tree, tree_ab_args, tree_ab_parser, write_json
 
 TOP = 8
 
@@ -108,8 +107,7 @@ def main() -> None:
             print("  live blocks in those segments: " + "; ".join(f"{k} {v:.0f}" for k, v in s["pinning"][:TOP]))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"load_memory_{args.name or gpu_tag()}.json"
-    path.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "size": args.size, "roots": roots,
-                                "runs": out}, separators=(",", ":")))
+    write_json(path, {"gpu": torch.cuda.get_device_name(0), "size": args.size, "roots": roots, "runs": out})
     print(f"\nwrote {path}")
 
 

@@ -15,7 +15,6 @@ Writes DIR/profile_<size>_b<takes>_<triton>.json and prints the tables.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from timing import cuda_kernels, mean_gpu_ms
+from timing import cuda_kernels, mean_gpu_ms, write_json
 
 
 def current_window(runner):
@@ -95,8 +94,9 @@ def main() -> None:
     ap.add_argument("--triton", default="auto")
     ap.add_argument("--frames", type=int, default=64)
     args = ap.parse_args()
-    from engine import Engine, Request
     from gpu_bench import TEXT, checkpoint
+
+    from engine import Engine, Request
 
     eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton=args.triton,
                       max_seq_len=1024)
@@ -120,7 +120,7 @@ def main() -> None:
         print(f"linear M={r['M']} N={r['N']} K={r['K']}: {r['us']} us, {r['GBps']} GB/s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"profile_{args.size}_b{args.takes}_{args.triton}.json").write_text(json.dumps(result, separators=(",", ":")))
+    write_json(out / f"profile_{args.size}_b{args.takes}_{args.triton}.json", result)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 from engine_probe import node_generate, node_load_kwargs, script_params
 from gpu_bench import TEXT, _patch_tf5_rope, checkpoint
 from real_length_script import FPS, script
-from timing import GcPauses, GpuClocks, gpu_tag, percentile, run_fresh
+from timing import GcPauses, GpuClocks, gpu_tag, percentile, run_fresh, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 STEADY_TEXT = TEXT  # the 250-frame bench's line
@@ -203,9 +203,8 @@ def worker_ours(ckpt: Path, mode: str, engine_root: Path, first_chunk: int, gc_m
 
 
 def worker_faster(ckpt: Path, mode: str) -> dict:
-    import torch
-
     import qwen_tts  # noqa: F401  (qwen-tts-hf)
+    import torch
     _patch_tf5_rope()
     from faster_qwen3_tts import FasterQwen3TTS
 
@@ -326,7 +325,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write():  # after every run, so a run cut off keeps what it measured
-        (args.out / f"real_length_{name}.json").write_text(json.dumps({"meta": meta, "results": results}, separators=(",", ":")))
+        write_json(args.out / f"real_length_{name}.json", {"meta": meta, "results": results})
         md = (f"{gpu}, torch {meta['torch']}, bf16, {meta['sentences']} sentences, {meta['audio_s']:.0f} s of "
               "audio per take (EOS disabled, frames from 2.7 words/s or 4.5 CJK chars/s), each mode in a fresh "
               f"process.\n\n{table(results)}\n")

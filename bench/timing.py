@@ -1,5 +1,6 @@
 """Shared by the benches: the best of several timed runs, percentiles, GPU time of a call, the kernels of a call,
-the GPU's short name for result files, a worker run in a fresh process, the options of a tree A/B bench."""
+the GPU's short name for result files, a worker run in a fresh process, the options of a tree A/B bench, the
+writing of a result file."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,23 @@ import subprocess
 import sys
 import threading
 import time
+
+
+def _rounded(x):
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_rounded(v) for v in x]
+    return x
+
+
+def write_json(path, data) -> None:
+    """A result file: floats to 6 significant digits (a microsecond of a second is below any figure we report)
+    and no indentation, so results stay small in a clone; the .md beside it is the readable table."""
+    from pathlib import Path
+    Path(path).write_text(json.dumps(_rounded(data), separators=(",", ":")) + "\n")
 
 
 def best_of(run, n: int = 3, key=None):
