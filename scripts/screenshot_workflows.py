@@ -28,7 +28,7 @@ import comfy_client as client  # noqa: E402
 from cdp import Page, close_tab, new_tab, page_ws_url, start_chromium  # noqa: E402
 
 FOLDER = "qwen3-tts-fast"
-THUMB = (640, 400)
+THUMB = (480, 300)
 README_CROPS = {"takes_widget": ("qwen3tts_custom_voice_takes", "Qwen3TTSFast_PickTake"),
                 "streaming_player": ("qwen3tts_streaming", "Qwen3TTSFast_StreamChunks")}
 
