@@ -53,3 +53,15 @@ def test_registry_archive_is_the_runtime_only():
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["comfy"].get("includes", []) == []
     size = sum((ROOT / p).stat().st_size for p in shipped if (ROOT / p).is_file())
     assert size < 2_000_000, f"the registry archive would hold {size} bytes"
+
+
+def test_a_shallow_clone_stays_under_3_mb(tmp_path):
+    """What `git clone --depth 1` (the README's install line) puts on a user's disk, .git included. Checks the
+    committed tree, so run it after committing."""
+    _tracked()
+    dest = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", ROOT.as_uri(), str(dest)], check=True,
+                   capture_output=True)
+    size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file() and not p.is_symlink())
+    print(f"a shallow clone takes {size} bytes")
+    assert size <= 3_000_000, f"a shallow clone takes {size} bytes; keep results, images and audio small"
