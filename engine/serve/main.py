@@ -50,10 +50,25 @@ def _public(host: str) -> bool:
         return host != "localhost"
 
 
-async def _run(engine, args) -> None:
+async def start_server(backend, model, settings, host: str, port: int):
+    """Listen on host:port (0: a free port) -> (the aiohttp runner, to clean up; the (host, port) bound)."""
     from aiohttp import web
 
-    from .app import Settings, build_app
+    from .app import build_app
+
+    # handler_cancellation: a client that leaves cancels its handler, whose request then frees the engine.
+    runner = web.AppRunner(build_app(backend, model, settings), handler_cancellation=True)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, tuple(runner.addresses[0][:2])
+
+
+async def _run(engine, args) -> None:
+    from .app import Settings
     from .backend import Backend
     from .served_model import ServedModel
 
@@ -61,12 +76,12 @@ async def _run(engine, args) -> None:
     model = ServedModel.of(engine, args.max_takes, args.voices)
     settings = Settings(api_key=args.api_key, chunk_frames=args.chunk_frames,
                         first_chunk_frames=args.first_chunk_frames)
-    # handler_cancellation: a client that leaves cancels its handler, whose request then frees the engine.
-    runner = web.AppRunner(build_app(backend, model, settings), handler_cancellation=True)
-    await runner.setup()
     try:
-        await web.TCPSite(runner, args.host, args.port).start()
-        host, port = runner.addresses[0][:2]
+        runner, (host, port) = await start_server(backend, model, settings, args.host, args.port)
+    except BaseException:
+        backend.close()
+        raise
+    try:
         print(f"serving {model.id} ({engine.info.summary()}) on http://{host}:{port}; API key "
               f"{'required' if args.api_key else 'off'}", file=sys.stderr, flush=True)
         if _public(args.host) and not args.api_key:

@@ -9,9 +9,9 @@ from pathlib import Path
 from ..errors import VoiceError
 
 VOICE_SUFFIX = ".safetensors"
-# A voice is named by its file's stem: letters, digits, blanks, dots, dashes, underscores, never a path, so a
-# request cannot reach a file outside the voices folder.
-_VOICE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9 ._-]{0,127}")
+# A voice is named by its file's stem, by the rule SaveVoice names files with: letters, digits, blanks, dots,
+# dashes, underscores. No separator can appear, so a request cannot reach a file outside the voices folder.
+_VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.\-]{0,99}")
 
 
 @dataclass
@@ -50,7 +50,7 @@ class ServedModel:
             raise VoiceError(f"voice '{name}' would be a saved voice, but this server has no voices folder; start "
                              "it with --voices DIR, or send reference_audio (with reference_text) instead.")
         path = self.voices_dir / (stem + VOICE_SUFFIX)
-        if not _VOICE_NAME.fullmatch(stem) or ".." in stem or not path.is_file():
+        if not _VOICE_NAME.fullmatch(stem) or not path.is_file():
             known = ", ".join(self.saved_voices()) or "none"
             raise VoiceError(f"no saved voice '{name}' in the voices folder. Saved voices: {known}.")
         return path

@@ -20,7 +20,7 @@ async def read_json(request: web.Request):
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise FieldError(None, f"the request body is larger than the server's limit of "
-                               f"{request.app['settings'].max_body // (1 << 20)} MiB; send a shorter reference "
+                               f"{request.app[SETTINGS].max_body // (1 << 20)} MiB; send a shorter reference "
                                "audio.", status=413) from None
     try:
         return json.loads(raw)
