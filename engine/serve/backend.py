@@ -138,6 +138,12 @@ class Backend:
     # -- the worker thread's side ----------------------------------------------------------------
 
     def _work(self) -> None:
+        device = getattr(self.engine, "device", None)
+        if device is not None and device.type == "cuda":
+            import torch
+
+            # The current CUDA device is per thread, and a capture uses it: make it the engine's here too.
+            torch.cuda.set_device(device)
         while True:
             ticket, job = self._jobs.get()
             if ticket is None:

@@ -93,9 +93,12 @@ def parse(body, model: ServedModel) -> Speech:
 
     takes = _checked("takes", checks.whole_number, "takes", _get(body, "takes", 1), 1, model.max_takes,
                      f"The server was started with --max-takes {model.max_takes}.")
+    if takes > 1 and stream:
+        raise FieldError("takes", f"a stream carries one take (got takes {takes}); ask for takes 1, with first_take "
+                                  "to pick which, or for response_format json without stream to get them all.")
     if takes > 1 and fmt != "json":
         raise FieldError("takes", f"takes {takes} needs response_format json (each take as base64 WAV): an audio "
-                                  f"response holds one take. Ask for json, or for takes 1 with first_take to pick one.")
+                                  "response holds one take. Ask for json, or for takes 1 with first_take to pick one.")
     seed = _checked("seed", checks.whole_number, "seed", _get(body, "seed", 0), 0, SEED_MAX)
     last = TAKE_STREAMS - takes
     first_take = _checked("first_take", checks.whole_number, "first_take", _get(body, "first_take", 0), 0, last)

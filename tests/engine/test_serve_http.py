@@ -156,7 +156,7 @@ BAD_CUSTOM = [
     ({"instructions": 7}, "instructions", 400),
     ({"seed": -1}, "seed", 400), ({"seed": 1.5}, "seed", 400), ({"seed": 1 << 64}, "seed", 400),
     ({"takes": 0}, "takes", 400), ({"takes": 5, "response_format": "json"}, "takes", 400),
-    ({"takes": 2}, "takes", 400), ({"takes": True}, "takes", 400),
+    ({"takes": 2}, "takes", 400), ({"takes": 2, "stream": True}, "takes", 400), ({"takes": True}, "takes", 400),
     ({"first_take": -1}, "first_take", 400), ({"first_take": 1 << 32}, "first_take", 400),
     ({"reference_audio": "UklGRg=="}, "reference_audio", 400), ({"reference_text": "hi"}, "reference_text", 400),
     ({"temprature": 0.7}, "temprature", 400),
@@ -188,6 +188,16 @@ def test_a_bad_field_gets_a_4xx_naming_it(custom, change, param, status):
     assert err["param"] == param and err["message"] and err["type"] == "invalid_request_error"
     if param is not None:
         assert param in err["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_error_the_engine_raises_is_a_400_with_its_message(custom, stream):
+    """The engine refuses a prompt longer than its cache before any audio, so a stream gets its JSON error too."""
+    status, headers, data = custom.speech(**{**LINE, "input": "many words " * 4000, "stream": stream})
+    err = json.loads(data)["error"]
+    assert status == 400 and headers["content-type"].startswith("application/json")
+    assert err["code"] == "PromptTooLongError" and "Shorten the text" in err["message"]
+    assert custom.speech(**LINE)[0] == 200
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b"\xff\xfe", b""])
