@@ -9,6 +9,7 @@ soxr HQ and librosa's output length, which gives upstream's samples bit for bit
 """
 from __future__ import annotations
 
+import io
 import math
 import struct
 import wave
@@ -72,7 +73,12 @@ def load_wav(path) -> tuple[np.ndarray, int]:
     path = Path(path)
     if not path.is_file():
         raise InvalidInputError(f"audio file {path} does not exist.")
-    fmt, body = _read_chunks(path.read_bytes(), str(path))
+    return decode_wav(path.read_bytes(), str(path))
+
+
+def decode_wav(data: bytes, path: str = "the audio") -> tuple[np.ndarray, int]:
+    """`load_wav` of a WAV file's bytes (an upload, say); `path` names it in messages."""
+    fmt, body = _read_chunks(data, path)
     if len(fmt) < 16:
         raise InvalidInputError(f"{path} has a truncated 'fmt ' chunk; re-export the file.")
     tag, channels, sr, _, block_align, bits = struct.unpack_from("<HHIIHH", fmt, 0)
@@ -111,27 +117,38 @@ def load_wav(path) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(x.reshape(n, channels).T), int(sr)
 
 
-def save_wav(path, samples, sr: int) -> None:
-    """Write samples [T] or [C, T] (float, nominally in [-1, 1]; numpy or torch) as 16-bit PCM WAV.
-
-    Values are scaled by 32768, rounded and clipped to the int16 range, so a 16-bit file read with
-    `load_wav` and written again is bit-identical.
-    """
+def pcm16(samples) -> np.ndarray:
+    """Samples [T] or [C, T] (float, nominally in [-1, 1]; numpy or torch) as int16 [C, T]: scaled by 32768,
+    rounded and clipped, so a 16-bit file read with `load_wav` and written again is bit-identical."""
     if isinstance(samples, torch.Tensor):
         samples = samples.detach().to("cpu", torch.float64).numpy()
     x = np.asarray(samples, dtype=np.float64)
     if x.ndim == 1:
         x = x[None]
     if x.ndim != 2:
-        raise InvalidInputError(f"save_wav expects samples shaped [T] or [C, T], got shape {tuple(x.shape)}.")
+        raise InvalidInputError(f"audio samples must be shaped [T] or [C, T], got shape {tuple(x.shape)}.")
     if not np.isfinite(x).all():
-        raise InvalidInputError("save_wav: the audio contains NaN or Inf values; nothing was written.")
-    pcm = np.clip(np.rint(x * 32768.0), -32768, 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(x.shape[0])
+        raise InvalidInputError("the audio contains NaN or Inf values; nothing was written.")
+    return np.clip(np.rint(x * 32768.0), -32768, 32767).astype("<i2")
+
+
+def wav_bytes(samples, sr: int) -> bytes:
+    """A 16-bit PCM WAV file of samples [T] or [C, T] (see `pcm16`), as bytes."""
+    pcm = pcm16(samples)
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(pcm.shape[0])
         w.setsampwidth(2)
         w.setframerate(int(sr))
         w.writeframes(np.ascontiguousarray(pcm.T).tobytes())
+    return out.getvalue()
+
+
+def save_wav(path, samples, sr: int) -> None:
+    """Write samples [T] or [C, T] as a 16-bit PCM WAV file (see `pcm16`); nothing is written if they are
+    unusable."""
+    data = wav_bytes(samples, sr)
+    Path(path).write_bytes(data)
 
 
 # ----------------------------------------------------------------------------------------------------------

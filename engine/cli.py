@@ -1,4 +1,5 @@
-"""`python -m engine synth ...`: synthesise speech to WAV and print one JSON line of timings."""
+"""`python -m engine synth ...`: synthesise speech to WAV and print one JSON line of timings;
+`python -m engine serve ...`: the HTTP server (engine/serve/)."""
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,8 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .prompt import DEFAULT_NON_STREAMING
-    from .engine_config import SWITCHES
     from .limits import MAX_TAKES
+    from .prompt import DEFAULT_NON_STREAMING
 
     official = ", ".join(f"{mode}: {'on' if on else 'off'}" for mode, on in DEFAULT_NON_STREAMING.items())
     p = argparse.ArgumentParser(prog="python -m engine", description="Qwen3-TTS-12Hz inference engine",
@@ -50,10 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("synth", help="synthesise speech to WAV", formatter_class=_HelpFormatter,
                        description="Synthesise speech to WAV files and print one JSON line of timings.")
-    s.add_argument("--model", type=Path, help="checkpoint directory (default: a tiny RANDOM-weight checkpoint, "
-                                              "which speaks noise)")
-    s.add_argument("--codec-dir", type=Path, help="codec to use: a checkpoint folder with speech_tokenizer/, or that "
-                   "folder itself (default: the checkpoint's own, else a compatible sibling checkpoint's)")
+    add_load_options(s, model_help="checkpoint directory (default: a tiny RANDOM-weight checkpoint, which speaks "
+                                   "noise)")
     s.add_argument("--mode", choices=["custom", "design", "clone"],
                    help="custom (CustomVoice checkpoint), design (VoiceDesign) or clone (Base) (default: the "
                         "checkpoint's own mode)")
@@ -88,13 +86,6 @@ def _parser() -> argparse.ArgumentParser:
                                                            "generation_config.json)")
     s.add_argument("--voice", type=Path, help="clone mode: a voice file saved by Voice.save / SaveVoice, instead "
                                               "of --ref-audio (default: none)")
-    s.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)")
-    s.add_argument("--dtype", default="auto", help="bf16, fp16, fp32, or auto (bf16 on a GPU that supports it, "
-                                                   "else fp32)")
-    s.add_argument("--cuda-graphs", default="auto", choices=SWITCHES,
-                   help="capture the decode step as CUDA graphs (GPU only); on: an error where impossible")
-    s.add_argument("--triton", default="auto", choices=SWITCHES,
-                   help="fused Triton kernels (GPU only); on: an error where unavailable")
     s.add_argument("--out", type=Path, default=Path("out.wav"), help="WAV output; with several takes one file "
                                                                      "per take, out_take<i>.wav")
     s.add_argument("--codes-out", type=Path, help="also write the codes as an int array [takes, frames, 16] to "
@@ -102,7 +93,57 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--stream", action="store_true", help="stream chunks and report time to first audio")
     s.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk, with --stream (12.5 "
                    "frames a second)")
+
+    from .serve.options import add_serve_options
+
+    v = sub.add_parser("serve", help="serve speech over HTTP (an OpenAI-compatible /v1/audio/speech)",
+                       formatter_class=_HelpFormatter, description="Load a checkpoint once and serve it over HTTP: "
+                       "POST /v1/audio/speech, GET /v1/models, GET /health (docs/SERVER.md).")
+    add_load_options(v, required=True, model_help="checkpoint directory")
+    add_serve_options(v)
     return p
+
+
+def add_load_options(p: argparse.ArgumentParser, model_help: str, required: bool = False) -> None:
+    """The options that say what to load and how, shared by every command that loads a checkpoint."""
+    from .engine_config import SWITCHES
+
+    p.add_argument("--model", type=Path, required=required, default=argparse.SUPPRESS if required else None,
+                   help=model_help)
+    p.add_argument("--codec-dir", type=Path, help="codec to use: a checkpoint folder with speech_tokenizer/, or that "
+                   "folder itself (default: the checkpoint's own, else a compatible sibling checkpoint's)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)")
+    p.add_argument("--dtype", default="auto", help="bf16, fp16, fp32, or auto (bf16 on a GPU that supports it, "
+                                                   "else fp32)")
+    p.add_argument("--cuda-graphs", default="auto", choices=SWITCHES,
+                   help="capture the decode step as CUDA graphs (GPU only); on: an error where impossible")
+    p.add_argument("--triton", default="auto", choices=SWITCHES,
+                   help="fused Triton kernels (GPU only); on: an error where unavailable")
+
+
+def load_options(args) -> dict:
+    """Engine.load's keyword arguments from the load options (add_load_options)."""
+    return {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs, "triton": args.triton,
+            "codec_dir": args.codec_dir}
+
+
+def check_load_args(args) -> None:
+    """The load options' folders exist; the load itself says what is wrong inside them."""
+    from .errors import InvalidInputError
+
+    for option, path in (("--model", args.model), ("--codec-dir", args.codec_dir)):
+        if path is not None and not path.is_dir():
+            raise InvalidInputError(f"{option} {path} is not a folder; give the checkpoint directory (the one that "
+                                    "holds config.json).")
+
+
+def note_random_weights(model_dir: Path) -> None:
+    """Say on stderr when a checkpoint holds random weights: its audio is noise."""
+    from .checkpoint.writer import MANIFEST, is_random_checkpoint
+
+    if is_random_checkpoint(model_dir):
+        print(f"note: --model {model_dir} holds RANDOM weights (its {MANIFEST} says so). The audio is "
+              "noise, not speech.", file=sys.stderr)
 
 
 def wav_paths(args) -> list[Path]:
@@ -151,8 +192,8 @@ def check_args(args) -> None:
     """Every option the user typed, checked before anything is loaded or synthesised; errors name the option."""
     from . import checks
     from .errors import InvalidInputError, ModeError
-    from .prompt import CHECKPOINT_OF_MODE, MODE_OF_MODEL
     from .limits import MAX_TAKES, SEED_MAX, TAKE_STREAMS
+    from .prompt import CHECKPOINT_OF_MODE, MODE_OF_MODEL
     from .sampling import MAX_NEW_TOKENS, SamplingParams
 
     checks.whole_number("--takes", args.takes, 1, MAX_TAKES)
@@ -169,10 +210,7 @@ def check_args(args) -> None:
         params = params.capped(given["max_new_tokens"])
     params.replace(**given).validate(label=lambda field: "--" + field.replace("_", "-"))
 
-    for option, path in (("--model", args.model), ("--codec-dir", args.codec_dir)):
-        if path is not None and not path.is_dir():
-            raise InvalidInputError(f"{option} {path} is not a folder; give the checkpoint directory (the one that "
-                                    "holds config.json).")
+    check_load_args(args)
     for option, path in (("--ref-audio", args.ref_audio), ("--voice", args.voice)):
         if path is not None and not path.is_file():
             raise InvalidInputError(f"{option} {path} does not exist or is not a file.")
@@ -226,7 +264,6 @@ def synth(args) -> dict:
     import torch
 
     from . import audio
-    from .checkpoint.writer import MANIFEST, is_random_checkpoint
     from .engine import Engine
     from .prompt import DEFAULT_NON_STREAMING, MODE_OF_MODEL, Request
     from .voice import Voice
@@ -237,15 +274,13 @@ def synth(args) -> dict:
     if tiny:
         print(f"note: no --model given; using a tiny RANDOM-weight {model_type} checkpoint at {model_dir}. "
               "The audio is noise, not speech.", file=sys.stderr)
-    elif is_random_checkpoint(model_dir):
-        print(f"note: --model {model_dir} holds RANDOM weights (its {MANIFEST} says so). The audio is "
-              "noise, not speech.", file=sys.stderr)
+    else:
+        note_random_weights(model_dir)
     t_load = time.perf_counter()
     takes = args.takes  # check_args kept it in 1..MAX_TAKES
     # The takes' graphs are captured in the load (as the loader node does), so the timings' generation is the
     # request alone.
-    engine = Engine.load(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
-                         triton=args.triton, max_takes=takes, warm_takes=takes, codec_dir=args.codec_dir)
+    engine = Engine.load(model_dir, max_takes=takes, warm_takes=takes, **load_options(args))
     load_s = time.perf_counter() - t_load
     random_weights = engine.info.random_weights
     mode = args.mode or MODE_OF_MODEL[engine.model_type]
@@ -315,6 +350,10 @@ def synth(args) -> dict:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "serve":
+        from .serve.main import serve
+
+        return serve(args)
     from .errors import Qwen3TTSError
 
     try:

@@ -108,7 +108,8 @@ def test_only_the_shim_imports_comfy_api():
 
 # The engine's layers, lowest first: a module imports only from its own layer or below. `kernels` holds the Triton
 # kernels and their torch references; `model` the modules, the codec and the checkpoint code; `gpu` the CUDA-graph
-# runners over them; `decode` the loop that drives a runner; `engine` the API; `cli` the command line. A top-level
+# runners over them; `decode` the loop that drives a runner; `engine` the API; `cli` the command line and the HTTP
+# server (`serve`), both of which load the engine from command-line options. A top-level
 # module not listed here counts as `engine`, so it may not be imported from below.
 LAYERS = ["base", "kernels", "model", "gpu", "decode", "engine", "cli"]
 LAYER_OF = {
@@ -120,7 +121,7 @@ LAYER_OF = {
     "engine.text_tokenizer": "model", "engine.slots": "model", "engine.host_audio": "model",
     "engine.gpu": "gpu",
     "engine.decode": "decode",
-    "engine.cli": "cli", "engine.__main__": "cli",
+    "engine.cli": "cli", "engine.__main__": "cli", "engine.serve": "cli",
 }
 
 

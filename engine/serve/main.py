@@ -1,0 +1,100 @@
+"""`python -m engine serve`: check the options, load the checkpoint once, then serve until stopped (Ctrl-C or
+SIGTERM)."""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+import sys
+
+
+def serve(args) -> int:
+    from ..cli import check_load_args, load_options, note_random_weights
+    from ..engine import Engine
+    from ..errors import Qwen3TTSError
+    from .options import check_serve_args
+
+    try:
+        check_load_args(args)
+        check_serve_args(args)
+        import aiohttp  # noqa: F401 - checked before the load, so a missing package costs no load time
+    except Qwen3TTSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError:
+        print("error: the server needs aiohttp (ComfyUI installs it): pip install aiohttp", file=sys.stderr)
+        return 2
+    note_random_weights(args.model)
+    try:
+        engine = Engine.load(args.model, max_takes=args.max_takes, warm_takes=args.max_takes, **load_options(args))
+    except Qwen3TTSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_run(engine, args))
+    except OSError as exc:  # the port is taken, the address is not this machine's, ...
+        print(f"error: cannot listen on {args.host}:{args.port} ({exc.strerror or exc}); choose another --port or "
+              "--host.", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _public(host: str) -> bool:
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host != "localhost"
+
+
+async def start_server(backend, model, settings, host: str, port: int):
+    """Listen on host:port (0: a free port) -> (the aiohttp runner, to clean up; the (host, port) bound)."""
+    from aiohttp import web
+
+    from .app import build_app
+
+    # handler_cancellation: a client that leaves cancels its handler, whose request then frees the engine.
+    runner = web.AppRunner(build_app(backend, model, settings), handler_cancellation=True)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, tuple(runner.addresses[0][:2])
+
+
+async def _run(engine, args) -> None:
+    from .app import Settings
+    from .backend import Backend
+    from .served_model import ServedModel
+
+    backend = Backend(engine, max_queue=args.max_queue)
+    model = ServedModel.of(engine, args.max_takes, args.voices)
+    settings = Settings(api_key=args.api_key, chunk_frames=args.chunk_frames,
+                        first_chunk_frames=args.first_chunk_frames)
+    try:
+        runner, (host, port) = await start_server(backend, model, settings, args.host, args.port)
+    except BaseException:
+        backend.close()
+        raise
+    try:
+        print(f"serving {model.id} ({engine.info.summary()}) on http://{host}:{port}; API key "
+              f"{'required' if args.api_key else 'off'}", file=sys.stderr, flush=True)
+        if _public(args.host) and not args.api_key:
+            print("warning: listening beyond this machine without an API key: anyone who reaches the port can use "
+                  "it. Give --api-key.", file=sys.stderr, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # Windows: Ctrl-C raises KeyboardInterrupt instead
+                pass
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        backend.close()

@@ -1,0 +1,48 @@
+"""The options of `python -m engine serve` beyond the load options it shares with `synth` (engine/cli.py)."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+API_KEY_ENV = "QWEN3TTS_API_KEY"
+
+
+def add_serve_options(p: argparse.ArgumentParser) -> None:
+    from ..limits import MAX_TAKES
+
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on; another machine reaches the server "
+                                                       "only if this is a public address of this one")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                   help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: the "
+                        f"{API_KEY_ENV} environment variable, else none; the variable keeps the key out of the "
+                        "process list)")
+    p.add_argument("--voices", type=Path, help="folder of saved voice files (NAME.safetensors, from SaveVoice or "
+                                               "Voice.save) that a request names as its voice (default: none)")
+    p.add_argument("--max-takes", type=int, default=4, help=f"most takes one request may ask for, 1 to {MAX_TAKES}")
+    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the engine; past it a "
+                                                             "request gets 503")
+    p.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk (12.5 frames a second)")
+    p.add_argument("--first-chunk-frames", type=int, default=2,
+                   help="frames of the first chunk, for earlier first audio; 0: as long as the others")
+
+
+def check_serve_args(args) -> None:
+    """Every serve option checked before the checkpoint loads; errors name the option."""
+    from .. import checks
+    from ..errors import InvalidInputError
+    from ..limits import MAX_TAKES
+    from ..sampling import MAX_NEW_TOKENS
+
+    checks.whole_number("--port", args.port, 0, 65535)
+    checks.whole_number("--max-takes", args.max_takes, 1, MAX_TAKES)
+    checks.whole_number("--max-queue", args.max_queue, 1, 1 << 16)
+    checks.whole_number("--chunk-frames", args.chunk_frames, 1, MAX_NEW_TOKENS, "8 frames (0.64 s) is typical.")
+    checks.whole_number("--first-chunk-frames", args.first_chunk_frames, 0, args.chunk_frames,
+                        "0 makes the first chunk as long as the others; 2 gives the earliest first audio.")
+    if args.voices is not None and not args.voices.is_dir():
+        raise InvalidInputError(f"--voices {args.voices} is not a folder; give the folder that holds the saved "
+                                "voice files (NAME.safetensors).")
+    if args.api_key is not None and not args.api_key.strip():
+        raise InvalidInputError("--api-key is empty; give a key, or leave the option out to serve without one.")
