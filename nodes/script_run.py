@@ -45,7 +45,8 @@ def run_script(node: str, ref, events: list[Utterance | Pause], fields: list[dic
         changes = sampling_changes(**widgets)
     except ValueError as exc:
         raise ValueError(f"{node}: {exc}") from exc
-    pieces = [split_text(f["text"], segment_budget(max_segment_chars, ref.key.max_seq_len, _overhead(f)))
+    pieces = [split_text(f["text"], segment_budget(max_segment_chars, ref.key.max_seq_len, _overhead(f)),
+                         check=mm.throw_exception_if_processing_interrupted)
               for f in fields]
     engine = engine_cache.acquire(ref.key)
     params = with_changes(engine.defaults, changes)
