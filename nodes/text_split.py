@@ -114,19 +114,22 @@ def _hard_cut(piece: str, max_units: int, tick: _Ticker) -> list[str]:
 
 
 def _pack(parts: list[str], max_units: int, tick: _Ticker) -> list[str]:
-    """Greedily join consecutive parts while the result stays within `max_units`."""
-    segments, cur = [], ""
+    """Greedily join consecutive parts while the result stays within `max_units`. Units add up, so every part
+    is measured once (re-measuring the growing segment made many short clauses cost n x max_units)."""
+    segments, cur, cur_units = [], [], 0
     for part in parts:
         tick()
-        candidate = cur + _joiner(cur, part) + part if cur else part
-        if text_units(candidate) <= max_units:
-            cur = candidate
-        else:
-            if cur:
-                segments.append(cur)
-            cur = part
+        units = text_units(part)
+        joiner = _joiner(cur[-1], part) if cur else ""
+        if cur and cur_units + len(joiner) + units <= max_units:  # a joiner is "" or one space: one unit
+            cur += [joiner, part]
+            cur_units += len(joiner) + units
+            continue
+        if cur:
+            segments.append("".join(cur))
+        cur, cur_units = [part], units
     if cur:
-        segments.append(cur)
+        segments.append("".join(cur))
     return segments
 
 

@@ -179,3 +179,20 @@ def test_total_silence_is_capped_with_an_error_naming_pauses_and_line_gap():
     lines = sp.parse_script("\n".join(["A: hi"] * 200))  # 199 gaps of 10 s: over the cap, no pause at all
     with pytest.raises(sp.ScriptError, match=r"line_gap \(10 s\).*1990 s"):
         track_mod.check_silence(lines, 10_000)
+
+
+@pytest.mark.parametrize("line, parsed", [
+    ("Bob [tone: sleepy]: Is it: morning?", ("Bob", "tone: sleepy", "Is it: morning?")),
+    ("Bob   [x]   :  hi", ("Bob", "x", "hi")),
+    ("Dr. Who:hi", ("Dr. Who", "", "hi")),
+])
+def test_utterance_parts(line, parsed):
+    u = sp.parse_script(line)[0]
+    assert (u.name, u.instruct, u.text) == parsed
+
+
+@pytest.mark.parametrize("line", ["A" + " " * 50_000 + "b", "A [" + " " * 50_000, "A [x] " + " " * 50_000 + "y",
+                                  "[x]: y", "A [x] [y]: z", "A [x: y"])
+def test_lines_that_are_not_utterances_are_refused_quickly(line):
+    with pytest.raises(sp.ScriptError, match="script line 1"):
+        sp.parse_script(line)
