@@ -35,8 +35,9 @@ class Script(io.ComfyNode):
             inputs=[common.model_input(),
                     io.String.Input("script", multiline=True, default=EXAMPLE_SCRIPT,
                                     tooltip="One utterance per line: 'Name: text' or 'Name [instruction]: text'. "
-                                            "'[pause 0.8s]' or '[pause 800ms]' on its own line. Blank lines and "
-                                            "lines starting with # are skipped."),
+                                            "'[pause 0.8s]' or '[pause 800ms]' on its own line (up to 10 min; pauses "
+                                            "and line gaps together up to 20 min). Blank lines and lines starting "
+                                            "with # are skipped."),
                     io.String.Input("voices", multiline=True, default=EXAMPLE_VOICES,
                                     tooltip="One 'Name = voice' per line. CustomVoice: a preset speaker (Ryan). "
                                             "Base: voice_1 .. voice_4 (the VOICE inputs below, x-vector or ICL). "
