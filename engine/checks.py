@@ -63,6 +63,20 @@ def text_value(name: str, value, optional: bool = False) -> str | None:
     return value
 
 
+def has_visible(text: str) -> bool:
+    """Whether `text` holds a character that shows: not a blank, a control, or an invisible format character
+    (zero-width spaces and joiners, direction marks, the byte-order mark: Unicode's non-printable classes)."""
+    return any(ch.isprintable() and not ch.isspace() for ch in text)
+
+
+def visible_text(name: str, value: str, hint: str) -> str:
+    """`value` unless it has no visible character (see has_visible): the one check for every text that is spoken
+    or transcribes speech, so the same characters are refused the same way wherever they are typed."""
+    if not has_visible(value):
+        raise InvalidInputError(f"the {name} is empty (nothing but blanks, control or invisible characters); {hint}")
+    return value
+
+
 def same_kind(value, cls) -> bool:
     """isinstance, or the same dataclass loaded under another module name (ComfyUI imports the pack as a package
     named after its folder, so a test or a second pack may hold `engine.Request` next to `<pack>.engine.Request`)."""

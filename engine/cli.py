@@ -40,6 +40,14 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def path_option(value: str) -> Path:
+    """The type of every path option: a blank value is refused by argparse, naming the option (an empty path
+    would mean the current folder)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the path is empty; give a file or folder name")
+    return Path(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     from .limits import MAX_TAKES
     from .prompt import DEFAULT_NON_STREAMING
@@ -61,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--speaker", default=None, help="CustomVoice speaker (default: the checkpoint's first one)")
     s.add_argument("--instruct", default=None, help="style instruction (custom) or voice description (design) "
                                                     "(default: none; design: 'A calm, clear voice.')")
-    s.add_argument("--ref-audio", type=Path, help="reference WAV for clone mode (default: a synthetic 3 s tone, "
+    s.add_argument("--ref-audio", type=path_option, help="reference WAV for clone mode (default: a synthetic 3 s tone, "
                                                   "useful on random weights only)")
     s.add_argument("--ref-text", default=None, help="transcript of the reference; turns on ICL cloning "
                                                     "(default: none, x-vector cloning)")
@@ -84,11 +92,11 @@ def _parser() -> argparse.ArgumentParser:
                              ("--repetition-penalty", float, "repetition penalty")):
         s.add_argument(flag, type=kind, default=None, help=f"{what} (default: the checkpoint's "
                                                            "generation_config.json)")
-    s.add_argument("--voice", type=Path, help="clone mode: a voice file saved by Voice.save / SaveVoice, instead "
+    s.add_argument("--voice", type=path_option, help="clone mode: a voice file saved by Voice.save / SaveVoice, instead "
                                               "of --ref-audio (default: none)")
-    s.add_argument("--out", type=Path, default=Path("out.wav"), help="WAV output; with several takes one file "
+    s.add_argument("--out", type=path_option, default=Path("out.wav"), help="WAV output; with several takes one file "
                                                                      "per take, out_take<i>.wav")
-    s.add_argument("--codes-out", type=Path, help="also write the codes as an int array [takes, frames, 16] to "
+    s.add_argument("--codes-out", type=path_option, help="also write the codes as an int array [takes, frames, 16] to "
                                                   "this .npy file (default: not written)")
     s.add_argument("--stream", action="store_true", help="stream chunks and report time to first audio")
     s.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk, with --stream (12.5 "
@@ -108,9 +116,9 @@ def add_load_options(p: argparse.ArgumentParser, model_help: str, required: bool
     """The options that say what to load and how, shared by every command that loads a checkpoint."""
     from .engine_config import SWITCHES
 
-    p.add_argument("--model", type=Path, required=required, default=argparse.SUPPRESS if required else None,
+    p.add_argument("--model", type=path_option, required=required, default=argparse.SUPPRESS if required else None,
                    help=model_help)
-    p.add_argument("--codec-dir", type=Path, help="codec to use: a checkpoint folder with speech_tokenizer/, or that "
+    p.add_argument("--codec-dir", type=path_option, help="codec to use: a checkpoint folder with speech_tokenizer/, or that "
                    "folder itself (default: the checkpoint's own, else a compatible sibling checkpoint's)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (a GPU when there is one)")
     p.add_argument("--dtype", default="auto", help="bf16, fp16, fp32, or auto (bf16 on a GPU that supports it, "
@@ -223,6 +231,15 @@ def check_args(args) -> None:
                             f"{model_type} checkpoint (mode {native}). Leave --mode out, or give --model a "
                             f"{wanted} checkpoint.")
 
+    for option, value, default in (("--language", args.language, "auto"),
+                                   ("--speaker", args.speaker, "the checkpoint's first speaker")):
+        if value is not None and not value.strip():
+            raise InvalidInputError(f"{option} is empty; leave the option out for its default ({default}).")
+    if args.codes_out is not None and args.codes_out.is_dir():  # before .npy is added to the name
+        from .errors import OutputPathError
+
+        raise OutputPathError(f"--codes-out {args.codes_out} is a folder; give a file name, e.g. "
+                              f"{args.codes_out / 'codes.npy'}.")
     outputs = [("--out", p) for p in wav_paths(args)]
     if codes_path(args) is not None:
         outputs.append(("--codes-out", codes_path(args)))

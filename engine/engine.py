@@ -23,7 +23,7 @@ from .host_audio import HostAudio, touching
 from .prompt import Prompt, PromptBuilder, Request, expected_frames
 from .limits import SEED_MAX
 from .sampling import MAX_NEW_TOKENS, SamplingParams, check_take_range
-from .voice import Voice
+from .voice import REF_TEXT_HINT, Voice
 
 # Frames a stream keeps queued on the GPU while the host waits for each chunk's audio and hands it on: with
 # one, the frames' stream sat idle part of every chunk. A stream ended by EOS drops up to this many frames.
@@ -336,6 +336,8 @@ class Engine:
                 "Load a Qwen3-TTS-12Hz Base model for voice cloning."
             )
         checks.text_value("ref_text", ref_text, optional=True)
+        if ref_text is not None and ref_text.strip():  # blank: no transcript, x-vector only
+            checks.visible_text("ref_text", ref_text, REF_TEXT_HINT)
         wav24 = audio.prepare_reference(waveform, sample_rate, SAMPLE_RATE)
         emb = self.speaker_encoder.embed(wav24)
         codes = text = None

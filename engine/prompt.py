@@ -159,9 +159,7 @@ class PromptBuilder:
         check_request(req)
         check_mode(cfg, req.mode)
         text = req.text
-        if not any(ch.isprintable() and not ch.isspace() for ch in text):
-            raise InvalidInputError("the text is empty (nothing but blanks or control characters); "
-                                    "type the words to speak.")
+        checks.visible_text("text", text, "type the words to speak.")
         notes = []
 
         speaker = None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from . import checks
 from .config import FAMILY, ModelConfig
 from .errors import VoiceError
 
@@ -18,7 +19,11 @@ FORMAT = "qwen3tts-fast-voice"
 VERSION = "1"
 CODE_GROUPS = 16  # codebooks per codec frame
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # float8 cannot even be checked
-INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+# Any integer type holds valid codes (0..2047 fit int16; a uint8 or int8 file holds the low ones); the range is
+# checked in int64, so a narrow type never wraps the codebook size.
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+              *(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)))
+REF_TEXT_HINT = "type the transcript of the reference audio, or leave ref_text empty to clone from the x-vector only."
 
 
 @dataclass
@@ -57,7 +62,7 @@ class Voice:
             what = f"{codes.dtype} {tuple(codes.shape)}" if isinstance(codes, torch.Tensor) else type(codes).__name__
             raise VoiceError(f"{name}: reference codes must be integers [frames, {CODE_GROUPS}], not {what}; "
                              "extract the voice again.")
-        if not isinstance(self.ref_text, str) or not self.ref_text.strip():
+        if not isinstance(self.ref_text, str) or not checks.has_visible(self.ref_text):
             raise VoiceError(f"{name} holds ICL reference codes but no reference text; extract the voice again "
                              "with its transcript (ref_text), or without it for an x-vector-only voice.")
 
@@ -73,13 +78,17 @@ class Voice:
                 "carry over between model sizes: extract the voice again with this model."
             )
         codebook = cfg.talker.predictor.vocab_size
-        if self.ref_codes is not None and not bool(((self.ref_codes >= 0) & (self.ref_codes < codebook)).all()):
+        codes = None if self.ref_codes is None else self.ref_codes.to(torch.int64)
+        if codes is not None and not bool(((codes >= 0) & (codes < codebook)).all()):
             raise VoiceError(f"this voice's reference codes lie outside the codebook (0..{codebook - 1}); the file is "
                              "damaged, extract the voice again.")
 
     def save(self, path) -> Path:
+        """Write the voice (safetensors). A voice that check_contents refuses (a NaN embedding, say) is never
+        written: it would only fail again at load."""
         from safetensors.torch import save_file
 
+        self.check_contents()
         path = Path(path)
         tensors = {"spk_embedding": self.spk_embedding.detach().cpu().contiguous()}
         meta = {"format": FORMAT, "version": VERSION, "family": self.family, "model_size": self.model_size,

@@ -1,6 +1,7 @@
 """Inputs shared by the generator nodes, and the checks that go with them."""
 from __future__ import annotations
 
+from ..engine.checks import has_visible
 from ..engine.errors import ModeError
 from ..engine.limits import MAX_TAKES, SEED_MAX, TAKE_STREAMS
 from . import sampling
@@ -74,7 +75,7 @@ def advanced_inputs() -> list[io.Input]:
 def check_text(text) -> bool | str:
     if text is None:  # linked input, unknown until it runs
         return True
-    if not str(text).strip():
+    if not has_visible(str(text)):  # the engine's own check: blanks, controls and invisible characters only
         return "text is empty: type what should be spoken"
     return True
 

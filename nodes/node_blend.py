@@ -6,10 +6,11 @@ from .runner import engine_errors
 from .types import CATEGORY, PREFIX, Qwen3TTSVoice
 
 SLOTS = 4
+WEIGHT_MAX = 100.0  # the widget's range and the node's check
 
 
 def _weight(i: int) -> io.Input:
-    return io.Float.Input(f"weight_{i}", default=1.0, min=0.0, max=100.0, step=0.05, optional=i > 2,
+    return io.Float.Input(f"weight_{i}", default=1.0, min=0.0, max=WEIGHT_MAX, step=0.05, optional=i > 2,
                           tooltip=f"Share of voice_{i} in the blend; weights are relative (1 and 3 = 25 % / 75 %).")
 
 
@@ -34,12 +35,15 @@ class BlendVoices(io.ComfyNode):
     @classmethod
     def execute(cls, voice_1, voice_2, weight_1, weight_2, voice_3=None, weight_3=1.0, voice_4=None, weight_4=1.0
                 ) -> io.NodeOutput:
-        from ..engine import blend_voices
+        from ..engine import blend_voices, checks
 
         given = [(i, v, w) for i, (v, w) in enumerate(((voice_1, weight_1), (voice_2, weight_2),
                                                        (voice_3, weight_3), (voice_4, weight_4)), start=1)
                  if v is not None]
         with engine_errors("BlendVoices"):
+            for i, _, w in given:  # the widgets' range (the engine takes any finite weight >= 0)
+                checks.real_number(f"weight_{i}", w, 0.0, WEIGHT_MAX, hint="Weights are relative: 1 and 3 give "
+                                                                          "25 % and 75 %.")
             voice = blend_voices([v for _, v, _ in given], [w for _, _, w in given],
                                  labels=[f"voice_{i}" for i, _, _ in given])
         icl = [f"voice_{i}" for i, v, _ in given if v.is_icl]

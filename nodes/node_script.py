@@ -8,10 +8,12 @@ from .comfy_api_compat import io
 from .script_cast import VOICE_SLOTS, line_requests
 from .script_parse import ScriptError, Utterance, check_names, parse_cast, parse_script
 from .script_run import run_script
+from .script_track import check_silence
 from .types import CATEGORY, PREFIX, Qwen3TTSVoice
 
 EXAMPLE_SCRIPT = "Alice: Did you hear that?\nBob [whispering]: Hear what?\n[pause 0.8s]\nAlice: Exactly."
 EXAMPLE_VOICES = "Alice = Vivian\nBob = Ryan"
+LINE_GAP_MAX = 10.0  # seconds: the widget's range and the node's check
 
 
 def _parse(script: str, voices: str):
@@ -33,14 +35,15 @@ class Script(io.ComfyNode):
             inputs=[common.model_input(),
                     io.String.Input("script", multiline=True, default=EXAMPLE_SCRIPT,
                                     tooltip="One utterance per line: 'Name: text' or 'Name [instruction]: text'. "
-                                            "'[pause 0.8s]' or '[pause 800ms]' on its own line. Blank lines and "
-                                            "lines starting with # are skipped."),
+                                            "'[pause 0.8s]' or '[pause 800ms]' on its own line (up to 10 min; pauses "
+                                            "and line gaps together up to 20 min). Blank lines and lines starting "
+                                            "with # are skipped."),
                     io.String.Input("voices", multiline=True, default=EXAMPLE_VOICES,
                                     tooltip="One 'Name = voice' per line. CustomVoice: a preset speaker (Ryan). "
                                             "Base: voice_1 .. voice_4 (the VOICE inputs below, x-vector or ICL). "
                                             "VoiceDesign: a description of the voice."),
                     common.language_input(), common.seed_input(),
-                    io.Float.Input("line_gap", default=0.3, min=0.0, max=10.0, step=0.01,
+                    io.Float.Input("line_gap", default=0.3, min=0.0, max=LINE_GAP_MAX, step=0.01,
                                    tooltip="Seconds of silence between two lines where no pause tag stands."),
                     io.Boolean.Input("names_in_subtitles", default=True,
                                      tooltip="Start every subtitle with the speaker's name ('Alice: ...')."),
@@ -67,15 +70,20 @@ class Script(io.ComfyNode):
     @classmethod
     def execute(cls, model, script, voices, language, seed, line_gap, names_in_subtitles, voice_1=None,
                 voice_2=None, voice_3=None, voice_4=None, **adv) -> io.NodeOutput:
+        from ..engine import checks
+        from ..engine.errors import InvalidInputError
+
         slots = dict(zip(VOICE_SLOTS, (voice_1, voice_2, voice_3, voice_4)))
-        try:
+        try:  # before any engine work: the script, the voices and the silence they add
+            gap_ms = round(checks.real_number("line_gap", line_gap, 0.0, LINE_GAP_MAX,
+                                              hint="It is the silence between two lines, in seconds.") * 1000)
             events, cast = _parse(script, voices)
+            check_silence(events, gap_ms)
             lines = [e for e in events if isinstance(e, Utterance)]
             fields = line_requests(lines, cast, model.model_type, common.speaker_options(), slots)
-        except ScriptError as exc:
-            raise ValueError(f"Script: {exc}") from exc
-        out = run_script("Script", model, events, fields, language, seed, round(float(line_gap) * 1000),
-                         bool(names_in_subtitles), **adv)
+        except ValueError as exc:  # ScriptError, or the engine's InvalidInputError for line_gap
+            raise InvalidInputError(f"Script: {exc}") from exc
+        out = run_script("Script", model, events, fields, language, seed, gap_ms, bool(names_in_subtitles), **adv)
         return io.NodeOutput(out.track, out.lines, out.subtitles)
 
 

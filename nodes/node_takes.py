@@ -52,8 +52,13 @@ class PickTake(io.ComfyNode):
 
     @classmethod
     def execute(cls, audio, index) -> io.NodeOutput:
+        from ..engine import checks
+        from ..engine.errors import InvalidInputError
+
         n = audio["waveform"].shape[0]
-        if index >= n:
-            raise IndexError(f"PickTake: index {index} but the batch has {n} take(s) (0..{n - 1})")
+        try:
+            index = checks.whole_number("index", index, 0, n - 1, f"The batch has {n} take(s); 0 is the first.")
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"PickTake: {exc}") from exc
         takes = _preview_takes(audio)
         return io.NodeOutput(pick_take(audio, int(index)), ui={"qwen3tts_takes": takes, "qwen3tts_picked": [index]})

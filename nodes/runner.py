@@ -79,7 +79,7 @@ class Job:
         except ValueError as exc:  # the engine's InvalidInputError is a ValueError too
             raise errors.InvalidInputError(f"{node}: {exc}") from exc
         budget = segment_budget(max_segment_chars, ref.key.max_seq_len, PROMPT_OVERHEAD + _voice_overhead(voice))
-        self.segments = split_text(text, budget)
+        self.segments = split_text(text, budget, check=mm.throw_exception_if_processing_interrupted)
         if not self.segments:
             raise errors.InvalidInputError(f"{node}: the text is empty; type the words to speak.")
         self.engine = engine_cache.acquire(ref.key)

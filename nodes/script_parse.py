@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 MAX_PAUSE_MS = 600_000  # ten minutes: anything longer is a typo
 _PAUSE = re.compile(r"\[\s*pause\s+(\d+(?:\.\d+)?)\s*(ms|s)\s*\]", re.IGNORECASE)
-_UTTERANCE = re.compile(r"(?P<name>[^:\[\]]+?)\s*(?:\[(?P<instruct>[^\[\]]*)\])?\s*:(?P<text>.*)")
+_NAME_PART = re.compile(r"[^:\[\]]*")  # greedy, one pass: a lazy name before optional blanks was cubic
 _NAME = re.compile(r"\w[\w .'-]*", re.UNICODE)
 
 
@@ -75,11 +75,28 @@ def _pause(no: int, line: str) -> Pause:
     return Pause(no, ms)
 
 
+def _split_utterance(line: str) -> tuple[str, str | None, str] | None:
+    """(name, instruction or None, text) of `Name: text` or `Name [instruction]: text`, else None. Each part is
+    found by one scan, so any line takes time linear in its length."""
+    end = _NAME_PART.match(line).end()
+    name, rest, instruct = line[:end], line[end:], None
+    if not name or not rest:
+        return None
+    if rest[0] == "[":
+        close = rest.find("]")
+        if close < 0 or "[" in rest[1:close]:
+            return None
+        instruct, rest = rest[1:close], rest[close + 1:].lstrip()
+    if not rest.startswith(":"):
+        return None
+    return name, instruct, rest[1:]
+
+
 def _utterance(no: int, line: str) -> Utterance:
-    m = _UTTERANCE.fullmatch(line)
-    if m is None:
+    parts = _split_utterance(line)
+    if parts is None:
         raise ScriptError(f"script line {no}: expected 'Name: text' (or 'Name [instruction]: text'), got {line!r}.")
-    name, instruct, text = m.group("name").strip(), m.group("instruct"), m.group("text").strip()
+    name, instruct, text = parts[0].strip(), parts[1], parts[2].strip()
     if not _NAME.fullmatch(name):
         raise ScriptError(f"script line {no}: {name!r} is not a usable name; names are letters, digits, spaces "
                           "and _ . ' - (e.g. 'Alice: Hello.').")

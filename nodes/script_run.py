@@ -13,6 +13,7 @@ import comfy.utils
 
 from . import engine_cache
 from .audio_utils import join_segments, make_audio
+from .common import MAX_SEGMENT_CHARS, MIN_SEGMENT_CHARS, SEED_MAX
 from .runner import engine_errors
 from .sampling import sampling_changes, with_changes
 from .script_parse import Pause, Utterance
@@ -39,13 +40,17 @@ def run_script(node: str, ref, events: list[Utterance | Pause], fields: list[dic
                gap_ms: int, names_in_subtitles: bool, max_segment_chars: int = DEFAULT_MAX_UNITS,
                **widgets) -> ScriptResult:
     """`fields[i]` holds the request fields (script_cast.line_requests) of the i-th utterance of `events`."""
-    from ..engine import BatchItem, Request
+    from ..engine import BatchItem, Request, checks
+    from ..engine.errors import InvalidInputError
 
-    try:  # checks that need no weights run before the engine is (re)loaded
+    try:  # checks that need no weights run before the engine is (re)loaded, as the generator nodes' (runner.Job)
         changes = sampling_changes(**widgets)
+        checks.whole_number("seed", seed, 0, SEED_MAX)
+        checks.whole_number("max_segment_chars", max_segment_chars, MIN_SEGMENT_CHARS, MAX_SEGMENT_CHARS)
     except ValueError as exc:
-        raise ValueError(f"{node}: {exc}") from exc
-    pieces = [split_text(f["text"], segment_budget(max_segment_chars, ref.key.max_seq_len, _overhead(f)))
+        raise InvalidInputError(f"{node}: {exc}") from exc
+    pieces = [split_text(f["text"], segment_budget(max_segment_chars, ref.key.max_seq_len, _overhead(f)),
+                         check=mm.throw_exception_if_processing_interrupted)
               for f in fields]
     engine = engine_cache.acquire(ref.key)
     params = with_changes(engine.defaults, changes)

@@ -45,7 +45,7 @@ def test_dtype_follows_the_first_voice():
     ([voice(i) for i in range(5)], [1] * 5, InvalidInputError, "2 to 4 voices"),
     ([voice(1), voice(2)], [1], InvalidInputError, "but 1 weights"),
     ([voice(1), voice(2)], [1, -0.5], InvalidInputError, "0 or more"),
-    ([voice(1), voice(2)], [0, 0], InvalidInputError, "not all 0"),
+    ([voice(1), voice(2)], [0, 0], InvalidInputError, "add up to at least"),
     ([voice(1), voice(2, size="1b7", width=2048)], [1, 1], VoiceError, "voice 2 was made by a qwen3-tts-12hz 1b7"),
     ([voice(1), voice(2, size="1b7")], [1, 1], VoiceError, "same model family and size"),
 ])

@@ -161,3 +161,38 @@ def test_srt_timestamp_format_and_rounding():
     assert srt.timestamp(SR * 3723 + 24 * 45, SR) == "01:02:03,045"
     assert srt.timestamp(12, SR) == "00:00:00,001" and srt.timestamp(11, SR) == "00:00:00,000"
     assert srt.to_srt([(0, 24, "a\n\nb")], SR) == "1\n00:00:00,000 --> 00:00:00,001\na\nb\n"
+
+
+def test_total_silence_counts_pauses_and_the_gaps_where_no_pause_stands():
+    ev = sp.parse_script("[pause 1s]\nA: one\nA: two\n[pause 2s]\n[pause 500ms]\nA: three\n[pause 4s]")
+    assert track_mod.total_silence_ms(ev, 300) == 1000 + 300 + 2500 + 4000
+    wave = track_mod.assemble(ev, [torch.ones(10)] * 3, 1000, 300).waveform
+    assert wave.numel() - 30 == track_mod.total_silence_ms(ev, 300)  # 1 kHz: one sample a millisecond
+
+
+def test_total_silence_is_capped_with_an_error_naming_pauses_and_line_gap():
+    cap = track_mod.MAX_TOTAL_SILENCE_MS
+    many = "\n".join(["A: hi", "[pause 600s]"] * (cap // 600_000) + ["A: bye"])
+    track_mod.check_silence(sp.parse_script(many), 0)  # exactly the cap
+    with pytest.raises(sp.ScriptError, match=r"pause.*line_gap.*at most 20 minutes"):
+        track_mod.check_silence(sp.parse_script(many + "\n[pause 1ms]"), 0)
+    lines = sp.parse_script("\n".join(["A: hi"] * 200))  # 199 gaps of 10 s: over the cap, no pause at all
+    with pytest.raises(sp.ScriptError, match=r"line_gap \(10 s\).*1990 s"):
+        track_mod.check_silence(lines, 10_000)
+
+
+@pytest.mark.parametrize("line, parsed", [
+    ("Bob [tone: sleepy]: Is it: morning?", ("Bob", "tone: sleepy", "Is it: morning?")),
+    ("Bob   [x]   :  hi", ("Bob", "x", "hi")),
+    ("Dr. Who:hi", ("Dr. Who", "", "hi")),
+])
+def test_utterance_parts(line, parsed):
+    u = sp.parse_script(line)[0]
+    assert (u.name, u.instruct, u.text) == parsed
+
+
+@pytest.mark.parametrize("line", ["A" + " " * 50_000 + "b", "A [" + " " * 50_000, "A [x] " + " " * 50_000 + "y",
+                                  "[x]: y", "A [x] [y]: z", "A [x: y"])
+def test_lines_that_are_not_utterances_are_refused_quickly(line):
+    with pytest.raises(sp.ScriptError, match="script line 1"):
+        sp.parse_script(line)

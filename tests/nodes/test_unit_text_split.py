@@ -74,3 +74,31 @@ def test_splitting_a_run_with_no_break_is_linear(char):
 
     small, large = fastest(50_000), fastest(500_000)
     assert large / small < 25, (small, large)
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("text", ["x" * 400_000, "Word after word, clause. " * 16_000, "語" * 150_000],
+                         ids=["no break", "sentences", "cjk"])
+def test_a_long_split_checks_for_an_interrupt_every_few_pieces(text):
+    """The check (ComfyUI's interrupt in the nodes) is called every CHECK_EVERY pieces all through the split,
+    and what it raises ends the split there."""
+    calls = []
+    segments = ts.split_text(text, 400, check=lambda: calls.append(1))
+    assert len(calls) >= len(segments) // ts.CHECK_EVERY >= 2
+
+    def stop_at_second():
+        calls.append(1)
+        if len(calls) == 2:
+            raise _Stop
+    calls.clear()
+    with pytest.raises(_Stop):
+        ts.split_text(text, 400, check=stop_at_second)
+    assert len(calls) == 2
+
+
+def test_short_text_never_calls_the_check():
+    assert ts.split_text("Hello there. How are you?", 400, check=lambda: pytest.fail("checked")) == [
+        "Hello there. How are you?"]
