@@ -67,6 +67,18 @@ async def start_server(backend, model, settings, host: str, port: int):
     return runner, tuple(runner.addresses[0][:2])
 
 
+async def _until_stopped() -> None:
+    """Return on Ctrl-C or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # Windows: Ctrl-C raises KeyboardInterrupt instead
+            pass
+    await stop.wait()
+
+
 async def _run(engine, args) -> None:
     from .app import Settings
     from .backend import Backend
@@ -87,14 +99,7 @@ async def _run(engine, args) -> None:
         if _public(args.host) and not args.api_key:
             print("warning: listening beyond this machine without an API key: anyone who reaches the port can use "
                   "it. Give --api-key.", file=sys.stderr, flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):  # Windows: Ctrl-C raises KeyboardInterrupt instead
-                pass
-        await stop.wait()
+        await _until_stopped()
     finally:
         await runner.cleanup()
         backend.close()

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 API_KEY_ENV = "QWEN3TTS_API_KEY"
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
+    from ..cli import path_option
     from ..limits import MAX_TAKES
 
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; another machine reaches the server "
@@ -18,7 +18,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                    help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: the "
                         f"{API_KEY_ENV} environment variable, else none; the variable keeps the key out of the "
                         "process list)")
-    p.add_argument("--voices", type=Path, help="folder of saved voice files (NAME.safetensors, from SaveVoice or "
+    p.add_argument("--voices", type=path_option, help="folder of saved voice files (NAME.safetensors, from SaveVoice or "
                                                "Voice.save) that a request names as its voice (default: none)")
     p.add_argument("--max-takes", type=int, default=4, help=f"most takes one request may ask for, 1 to {MAX_TAKES}")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the engine; past it a "
@@ -35,6 +35,8 @@ def check_serve_args(args) -> None:
     from ..limits import MAX_TAKES
     from ..sampling import MAX_NEW_TOKENS
 
+    if not args.host.strip():  # an empty host would listen on every address of the machine
+        raise InvalidInputError("--host is empty; give 127.0.0.1 (this machine only) or the address to listen on.")
     checks.whole_number("--port", args.port, 0, 65535)
     checks.whole_number("--max-takes", args.max_takes, 1, MAX_TAKES)
     checks.whole_number("--max-queue", args.max_queue, 1, 1 << 16)

@@ -22,8 +22,8 @@ from engine import cli
 OUTCOMES: dict[str, list[str]] = {}  # option -> outcome of every value tried
 # Options whose empty value means something: no instruction, no transcript (x-vector cloning).
 EMPTY_IS_VALID = {"--instruct": "no instruction", "--ref-text": "no transcript: x-vector cloning"}
-# Options that take any text (a bad value of these is only an empty or blank one).
-FREE_TEXT = {"--text", "--instruct", "--ref-text"}
+# Options that take any text (a bad value of these is only an empty or blank one; any key is a valid key).
+FREE_TEXT = {"--text", "--instruct", "--ref-text", "--api-key"}
 CLONE_ONLY = {"--ref-audio", "--ref-text", "--xvec-only", "--voice"}  # meaningful in clone mode only
 
 
@@ -81,6 +81,9 @@ def where(tiny_checkpoints, tmp_path_factory):
 
 def _base(sub: str, flag: str, where: dict) -> list[str]:
     """A valid command line of `sub` that the option under test is added to (or replaces)."""
+    if sub == "serve":  # the server binds its port, then stops at once (see the `no_serving` fixture)
+        return ["serve", "--model", str(where["ckpts"]["custom_voice"]), "--device", "cpu", "--dtype", "fp32",
+                "--port", "0", "--max-takes", "1"]
     assert sub == "synth", f"new subcommand {sub}: give it a valid base command line here"
     clone = flag in CLONE_ONLY
     model = where["ckpts"]["base" if clone else "custom_voice"]
@@ -117,8 +120,19 @@ def _names(message: str, action: argparse.Action) -> bool:
     return any(re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", message) for w in words)
 
 
+@pytest.fixture
+def no_serving(monkeypatch):
+    """`serve` with valid options loads, binds its port and stops instead of waiting for Ctrl-C."""
+    from engine.serve import main as serve_main
+
+    async def stop_now():
+        return None
+
+    monkeypatch.setattr(serve_main, "_until_stopped", stop_now)
+
+
 @pytest.mark.parametrize("sub, flag, label", _cases())
-def test_bad_option_value(where, sub, flag, label):
+def test_bad_option_value(where, no_serving, sub, flag, label):
     action = next(a for a in _options(_subcommands()[sub]) if a.option_strings[-1] == flag)
     label_argv = {lab: (argv, valid) for lab, argv, valid in _bad_values(action, where)}
     argv, valid = label_argv[label]
