@@ -151,8 +151,12 @@ READ_THREADS = 4  # readers of one piece (each read releases the GIL)
 def _header(path: Path) -> tuple[int, dict]:
     """(where the data starts, {key: entry}) from a safetensors header: an 8-byte little-endian length, then
     that many bytes of JSON with each tensor's dtype, shape and [begin, end) byte offsets into the data."""
+    size = path.stat().st_size
     with open(path, "rb") as fh:
         (n,) = struct.unpack("<Q", fh.read(8))
+        if n > size - 8:  # never read (or allocate) what the file cannot hold
+            raise CheckpointError(f"{path}: its header declares {n:,} bytes but the file holds {size - 8:,} after "
+                                  "it; the file is truncated or corrupted. Delete it and download it again.")
         entries = json.loads(fh.read(n))
     entries.pop("__metadata__", None)
     return 8 + n, entries
