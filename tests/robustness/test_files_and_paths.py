@@ -486,6 +486,16 @@ def test_cli_special_input_files_say_what_they_are(tiny_checkpoints, tmp_path, n
     count(LYING, "cli")
 
 
+@pytest.mark.parametrize("option", ["--ref-audio", "--voice", "--model", "--codec-dir"])
+@pytest.mark.parametrize("what", sorted(H.BAD_NAMES))
+def test_cli_input_names_no_file_system_holds(tiny_checkpoints, tmp_path, no_load, option, what):
+    make, says = H.BAD_NAMES[what]
+    rc, err = run_cli("--model", tiny_checkpoints["base"], "--mode", "clone", option, make(tmp_path, ".x"),
+                      "--out", tmp_path / "o.wav")
+    refused(rc, err, option, says)
+    count(LYING, "cli")
+
+
 @pytest.mark.parametrize("what", sorted(H.SPECIALS))
 def test_load_voice_node_special_files_say_what_they_are(pack, voices, tiny_checkpoints, what):
     voices.mkdir()
