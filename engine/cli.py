@@ -40,9 +40,9 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .prompt import DEFAULT_NON_STREAMING
     from .engine_config import SWITCHES
     from .limits import MAX_TAKES
+    from .prompt import DEFAULT_NON_STREAMING
 
     official = ", ".join(f"{mode}: {'on' if on else 'off'}" for mode, on in DEFAULT_NON_STREAMING.items())
     p = argparse.ArgumentParser(prog="python -m engine", description="Qwen3-TTS-12Hz inference engine",
@@ -121,8 +121,11 @@ def codes_path(args) -> Path | None:
 
 def _model_type(model_dir: Path) -> str | None:
     """tts_model_type of a checkpoint's config.json, or None where unreadable (the load then says why)."""
+    path = model_dir / "config.json"
+    if not path.is_file():  # a FIFO would block the read; the load says what is wrong
+        return None
     try:
-        cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return cfg.get("tts_model_type") if isinstance(cfg, dict) else None

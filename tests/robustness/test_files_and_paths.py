@@ -511,6 +511,27 @@ def _copy_checkpoint(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.parametrize("what,rel", [("FIFO", "config.json"), ("directory", "model.safetensors"),
+                                      ("link to a FIFO", "merges.txt"), ("device", "vocab.json")])
+def test_special_files_in_a_checkpoint_say_what_they_are(pack, tiny_checkpoints, tmp_path, what, rel):
+    """Never read (a FIFO would block, /dev/zero never ends): named as what they are, on every surface."""
+    make = H.SPECIALS[what][0]
+    ckpt = _copy_checkpoint(tiny_checkpoints["custom_voice"], tmp_path / "ckpt")
+    (ckpt / rel).unlink()
+    make(ckpt, rel)
+    with pytest.raises(CheckpointError, match=r"is (a directory|a FIFO|a character device).*, not a file"):
+        H.within(20, Engine.load, ckpt, device="cpu", dtype="fp32")
+    count(LYING, "engine")
+    rc, err = H.within(20, run_cli, "--model", ckpt, "--mode", "custom", "--out", tmp_path / "o.wav")
+    refused(rc, err, f"{ckpt / rel} is (a directory|a FIFO|a character device)")
+    count(LYING, "cli")
+    cache = pack["cache"]
+    key = cache.EngineConfig(model_dir=str(ckpt), device="cpu", dtype="fp32", cuda_graphs="auto", triton="auto",
+                             max_takes=1)
+    node_refuses(cache.acquire, "CheckpointError", "is (a directory|a FIFO|a character device).*, not a file", key)
+    count(LYING, "node")
+
+
 @pytest.mark.parametrize("merges", ["", "#version: 0.2\n", "\n\n"])
 def test_an_empty_merges_file_is_refused_at_load(tiny_checkpoints, tmp_path, merges):
     ckpt = _copy_checkpoint(tiny_checkpoints["custom_voice"], tmp_path / "ckpt")

@@ -94,14 +94,14 @@ def fingerprint(path: Path):
     return kind, st.st_ino
 
 
-def within(seconds: float, fn, *args):
-    """fn(*args) in a thread that must finish within `seconds` (a read of a FIFO or /dev/zero would hang the
+def within(seconds: float, fn, *args, **kwargs):
+    """fn(*args, **kwargs) in a thread that must finish within `seconds` (a read of a FIFO or /dev/zero would hang the
     test run); returns its result or re-raises its exception."""
     out = {}
 
     def run():
         try:
-            out["value"] = fn(*args)
+            out["value"] = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             out["error"] = exc
 
