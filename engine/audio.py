@@ -188,6 +188,7 @@ def save_wav(path, samples, sr: int) -> None:
     Values are scaled by 32768, rounded and clipped to the int16 range, so a 16-bit file read with
     `load_wav` and written again is bit-identical.
     """
+    path = files.output_file(path, "WAV file")  # never into a directory, FIFO or device
     if isinstance(samples, torch.Tensor):
         samples = samples.detach().to("cpu", torch.float64).numpy()
     x = np.asarray(samples, dtype=np.float64)

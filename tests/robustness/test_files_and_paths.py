@@ -150,6 +150,18 @@ def test_voice_save_never_replaces_a_special_file(tmp_path, what):
     count(OUTPUT, "engine")
 
 
+@pytest.mark.parametrize("what", sorted(OUT_TARGETS) + sorted(H.BAD_NAMES))
+def test_save_wav_never_writes_into_a_special_file(tmp_path, what):
+    make, says = {**OUT_TARGETS, **H.BAD_NAMES}[what]
+    target = make(tmp_path, "o.wav") if what in OUT_TARGETS else make(tmp_path, ".wav")
+    before = H.fingerprint(target) if what in OUT_TARGETS else None
+    with pytest.raises(OutputPathError, match=says):
+        H.within(10, engine_audio.save_wav, target, torch.zeros(100), 24000)
+    if before is not None:
+        assert H.fingerprint(target) == before
+    count(OUTPUT, "engine")
+
+
 @pytest.mark.parametrize("what", sorted(H.BAD_NAMES) + ["folder is a file"])
 def test_voice_save_names_no_file_system_holds(tmp_path, what):
     if what == "folder is a file":
