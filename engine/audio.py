@@ -19,6 +19,7 @@ import numpy as np
 import soxr
 import torch
 
+from . import files
 from .errors import InvalidInputError, ReferenceAudioError
 
 # WAVE format tags (RIFF "fmt " chunk).
@@ -38,83 +39,158 @@ MAX_CHANNELS = 32
 # WAV files
 # ----------------------------------------------------------------------------------------------------------
 
-def _read_chunks(data: bytes, path: str) -> tuple[bytes, bytes]:
-    """Return the payloads of the 'fmt ' and 'data' chunks of a RIFF/WAVE byte string."""
-    if len(data) < 12 or data[0:4] not in (b"RIFF", b"RF64") or data[8:12] != b"WAVE":
+MAX_WAV_SAMPLES = 1 << 26  # samples of all channels in one file: 60 s of stereo at 559 kHz; 256 MB as float32
+MAX_WAV_CHUNKS = 1024  # chunks before the audio; real files have a handful
+MAX_FMT_BYTES = 1024  # a 'fmt ' chunk is 16, 18 or 40 bytes
+PIECE_BYTES = 4 << 20  # the data chunk is read and decoded this much at a time
+
+
+def _damaged(path, what: str) -> InvalidInputError:
+    return InvalidInputError(f"{path}: {what}; the file is damaged or its header is wrong. Re-export it (e.g. as "
+                             "16-bit PCM WAV).")
+
+
+def _find_chunks(fh, size: int, path) -> tuple[bytes, int, int, bool]:
+    """(the 'fmt ' payload, where the audio starts, its declared bytes, whether its size was left open) of an
+    open RIFF/WAVE file of `size` bytes, found by seeking from chunk header to chunk header: only the headers
+    and the 'fmt ' payload are read. A size of 0xFFFFFFFF (streamed and RF64 writers) means the rest of the
+    file; any other size past the end of the file is refused."""
+    head = fh.read(12)
+    if len(head) < 12 or head[0:4] not in (b"RIFF", b"RF64") or head[8:12] != b"WAVE":
         raise InvalidInputError(f"{path} is not a WAV file (no RIFF/WAVE header); convert it to WAV first.")
-    fmt = body = None
+    fmt = data = None
     pos = 12
-    while pos + 8 <= len(data):
-        cid = data[pos:pos + 4]
-        (size,) = struct.unpack_from("<I", data, pos + 4)
+    for _ in range(MAX_WAV_CHUNKS):
+        if pos + 8 > size:
+            break
+        fh.seek(pos)
+        cid, n = fh.read(4), struct.unpack("<I", fh.read(4))[0]
         start = pos + 8
-        if cid == b"data" and (size == 0xFFFFFFFF or start + size > len(data)):
-            size = len(data) - start  # streamed/RF64 writers leave the size open; take the rest
-        payload = data[start:start + size]
-        if cid == b"fmt ":
-            fmt = payload
+        if cid == b"data" and n == 0xFFFFFFFF:
+            n = size - start
+            data = data or (start, n, True)
+        elif start + n > size:
+            raise _damaged(path, f"its {cid.decode('latin-1')!r} chunk declares {n:,} bytes but the file ends "
+                                 f"{size - start:,} bytes after the chunk header")
         elif cid == b"data":
-            body = payload
-            if fmt is not None:
-                break
-        pos = start + size + (size & 1)  # chunks are word aligned
-    if fmt is None or body is None:
-        raise InvalidInputError(f"{path} is a damaged WAV file (missing the 'fmt ' or 'data' chunk).")
-    return fmt, body
+            data = data or (start, n, False)
+        elif cid == b"fmt " and fmt is None:
+            if n > MAX_FMT_BYTES:
+                raise _damaged(path, f"its 'fmt ' chunk declares {n:,} bytes (a 'fmt ' chunk has 16 to 40)")
+            fmt = fh.read(n)
+        if fmt is not None and data is not None:
+            return fmt, *data
+        pos = start + n + (n & 1)  # chunks are word aligned
+    else:
+        raise _damaged(path, f"more than {MAX_WAV_CHUNKS} chunks come before its audio")
+    raise InvalidInputError(f"{path} is a damaged WAV file (missing the 'fmt ' or 'data' chunk).")
 
 
-def load_wav(path) -> tuple[np.ndarray, int]:
-    """Read a WAV file as float32 samples [C, T] in [-1, 1] and its sample rate.
+def _decoder(tag: int, width: int, path):
+    """bytes of little-endian samples -> float32 in [-1, 1], for the encodings the reader supports."""
+    if tag == _FMT_PCM and width == 1:
+        return lambda raw: (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
+    if tag == _FMT_PCM and width == 2:
+        return lambda raw: np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    if tag == _FMT_PCM and width == 3:
+        def int24(raw):
+            b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
+            v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+            return np.where(v >= 1 << 23, v - (1 << 24), v).astype(np.float32) / float(1 << 23)
+        return int24
+    if tag == _FMT_PCM and width == 4:
+        return lambda raw: (np.frombuffer(raw, "<i4").astype(np.float64) / float(1 << 31)).astype(np.float32)
+    if tag == _FMT_FLOAT and width == 4:
+        return lambda raw: np.frombuffer(raw, "<f4").astype(np.float32)
+    if tag == _FMT_FLOAT and width == 8:
+        def float64(raw):
+            with np.errstate(over="ignore"):  # beyond float32 becomes inf, which the reference checks refuse
+                return np.frombuffer(raw, "<f8").astype(np.float32)
+        return float64
+    kind = {_FMT_PCM: "integer PCM", _FMT_FLOAT: "float"}.get(tag, f"format tag {tag:#06x}")
+    raise InvalidInputError(
+        f"{path}: unsupported WAV encoding ({kind}, {8 * width}-bit). Supported: 8/16/24/32-bit integer PCM "
+        "and 32/64-bit float; convert the file (e.g. to 16-bit PCM WAV)."
+    )
 
-    Supports PCM 8/16/24/32-bit integer and 32/64-bit IEEE float, plain or WAVE_FORMAT_EXTENSIBLE.
-    Integers are scaled by 1/2^(bits-1), the same scaling soundfile/librosa use, so the samples equal
-    what the upstream loader would see.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise InvalidInputError(f"audio file {path} does not exist.")
-    return decode_wav(path.read_bytes(), str(path))
 
-
-def decode_wav(data: bytes, path: str = "the audio") -> tuple[np.ndarray, int]:
-    """`load_wav` of a WAV file's bytes (an upload, say); `path` names it in messages."""
-    fmt, body = _read_chunks(data, path)
+def _plan(fh, size: int, path, max_seconds: float | None):
+    """(channels, rate, frames, where the audio starts, bytes a frame, decoder) of an open WAV file, after every
+    check load_wav makes; only the chunk headers and the 'fmt ' chunk are read."""
+    fmt, start, nbytes, open_size = _find_chunks(fh, size, path)
     if len(fmt) < 16:
         raise InvalidInputError(f"{path} has a truncated 'fmt ' chunk; re-export the file.")
     tag, channels, sr, _, block_align, bits = struct.unpack_from("<HHIIHH", fmt, 0)
     if tag == _FMT_EXTENSIBLE and len(fmt) >= 26:
         (tag,) = struct.unpack_from("<H", fmt, 24)  # first two bytes of the sub-format GUID
     if channels < 1 or sr < 1:
-        raise InvalidInputError(f"{path} declares {channels} channels at {sr} Hz; the file is damaged.")
-    width = block_align // channels if block_align else (bits + 7) // 8
-    if width < 1:
-        raise InvalidInputError(f"{path} declares {bits}-bit samples in {block_align}-byte frames of {channels} "
-                                "channels; the header is damaged. Re-export the file (e.g. as 16-bit PCM WAV).")
-    n = len(body) // (width * channels)
-    raw = body[: n * width * channels]
-    if tag == _FMT_PCM and width == 1:
-        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif tag == _FMT_PCM and width == 2:
-        x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
-    elif tag == _FMT_PCM and width == 3:
-        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
-        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
-        v = np.where(v >= 1 << 23, v - (1 << 24), v)
-        x = v.astype(np.float32) / float(1 << 23)
-    elif tag == _FMT_PCM and width == 4:
-        x = (np.frombuffer(raw, "<i4").astype(np.float64) / float(1 << 31)).astype(np.float32)
-    elif tag == _FMT_FLOAT and width == 4:
-        x = np.frombuffer(raw, "<f4").astype(np.float32)
-    elif tag == _FMT_FLOAT and width == 8:
-        with np.errstate(over="ignore"):  # beyond float32 becomes inf, which the reference checks refuse
-            x = np.frombuffer(raw, "<f8").astype(np.float32)
-    else:
-        kind = {_FMT_PCM: "integer PCM", _FMT_FLOAT: "float"}.get(tag, f"format tag {tag:#06x}")
-        raise InvalidInputError(
-            f"{path}: unsupported WAV encoding ({kind}, {8 * width}-bit). Supported: 8/16/24/32-bit integer PCM "
-            "and 32/64-bit float; convert the file (e.g. to 16-bit PCM WAV)."
-        )
-    return np.ascontiguousarray(x.reshape(n, channels).T), int(sr)
+        raise _damaged(path, f"its header declares {channels} channels at {sr} Hz")
+    width = (bits + 7) // 8
+    if bits < 1 or block_align != channels * width:
+        raise _damaged(path, f"its header declares {bits}-bit samples in {channels} channels, which take "
+                             f"{channels * width} bytes a frame, but frames of {block_align} bytes")
+    decode = _decoder(tag, width, path)
+    if nbytes % block_align and not open_size:  # an open size runs to the end of the file: drop a partial frame
+        raise _damaged(path, f"its data chunk of {nbytes:,} bytes is not a whole number of {block_align}-byte "
+                             "frames")
+    frames = nbytes // block_align
+    seconds = frames / sr
+    if max_seconds is not None and seconds > max_seconds:
+        raise ReferenceAudioError(f"{path} is {seconds:.0f} s long ({frames:,} frames at {sr} Hz); trim it to "
+                                  f"at most {max_seconds:g} s (3-10 s of clean speech from one speaker works "
+                                  "best).")
+    if frames * channels > MAX_WAV_SAMPLES:
+        raise InvalidInputError(f"{path} holds {frames * channels:,} samples ({channels} channels, {seconds:.0f} s "
+                                f"at {sr} Hz), more than the {MAX_WAV_SAMPLES:,} the reader takes; trim it or "
+                                "convert it to mono at 24 or 48 kHz.")
+    return channels, int(sr), frames, start, block_align, decode
+
+
+def check_wav(path, max_seconds: float | None = MAX_REFERENCE_SECONDS) -> tuple[int, int, int]:
+    """(channels, rate, frames) of a WAV file after every check `load_wav` makes, without reading its audio:
+    what the CLI runs before it loads a model."""
+    path = Path(path)
+    size = files.input_file(path, "audio file").st_size
+    with open(path, "rb") as fh:
+        return _plan(fh, size, path, max_seconds)[:3]
+
+
+def load_wav(path, max_seconds: float | None = MAX_REFERENCE_SECONDS) -> tuple[np.ndarray, int]:
+    """Read a WAV file as float32 samples [C, T] in [-1, 1] and its sample rate.
+
+    Supports PCM 8/16/24/32-bit integer and 32/64-bit IEEE float, plain or WAVE_FORMAT_EXTENSIBLE.
+    Integers are scaled by 1/2^(bits-1), the same scaling soundfile/librosa use, so the samples equal
+    what the upstream loader would see.
+
+    Everything is checked before the audio is read: the path is a regular file; the header agrees with itself
+    (block align = channels x bytes per sample, a rate above 0, whole frames, every chunk inside the file);
+    the audio is at most `max_seconds` long (None: no limit) and MAX_WAV_SAMPLES samples. Then the data chunk
+    alone is read, piece by piece, so memory is the decoded audio and one piece, whatever the file's size.
+    """
+    path = Path(path)
+    size = files.input_file(path, "audio file").st_size
+    with open(path, "rb") as fh:
+        return _read(fh, size, path, max_seconds)
+
+
+def decode_wav(data: bytes, name: str = "the audio",
+               max_seconds: float | None = MAX_REFERENCE_SECONDS) -> tuple[np.ndarray, int]:
+    """`load_wav` of a WAV file's bytes (an upload, say), with the same checks; `name` names it in messages."""
+    return _read(io.BytesIO(data), len(data), name, max_seconds)
+
+
+def _read(fh, size: int, path, max_seconds: float | None) -> tuple[np.ndarray, int]:
+    channels, sr, frames, start, block_align, decode = _plan(fh, size, path, max_seconds)
+    out = np.empty((channels, frames), np.float32)
+    step = max(1, PIECE_BYTES // block_align)
+    fh.seek(start)
+    for first in range(0, frames, step):
+        count = min(step, frames - first)
+        raw = fh.read(count * block_align)
+        if len(raw) != count * block_align:  # the file shrank while it was read
+            raise _damaged(path, "it ended before its data chunk did")
+        out[:, first:first + count] = decode(raw).reshape(count, channels).T
+    return out, sr
 
 
 def pcm16(samples) -> np.ndarray:
@@ -145,8 +221,9 @@ def wav_bytes(samples, sr: int) -> bytes:
 
 
 def save_wav(path, samples, sr: int) -> None:
-    """Write samples [T] or [C, T] as a 16-bit PCM WAV file (see `pcm16`); nothing is written if they are
-    unusable."""
+    """Write samples [T] or [C, T] as a 16-bit PCM WAV file (see `pcm16`). Nothing is written if they are
+    unusable, and the path is never a directory, FIFO or device."""
+    path = files.output_file(path, "WAV file")
     data = wav_bytes(samples, sr)
     Path(path).write_bytes(data)
 

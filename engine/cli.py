@@ -140,7 +140,7 @@ def check_load_args(args) -> None:
     from .errors import InvalidInputError
 
     for option, path in (("--model", args.model), ("--codec-dir", args.codec_dir)):
-        if path is not None and not path.is_dir():
+        if path is not None and not files.check_name(path, option).is_dir():
             raise InvalidInputError(f"{option} {path} is not a folder; give the checkpoint directory (the one that "
                                     "holds config.json).")
 
@@ -168,29 +168,13 @@ def codes_path(args) -> Path | None:
     return args.codes_out if args.codes_out.suffix == ".npy" else Path(f"{args.codes_out}.npy")
 
 
-def _check_writable(option: str, path: Path) -> None:
-    """An output file must be creatable before anything is synthesised: its folder exists and is writable, and
-    the path is not a folder."""
-    from .errors import OutputPathError
-
-    folder = path.parent
-    if path.is_dir():
-        raise OutputPathError(f"{option} {path} is a folder; give a file name, e.g. {path / 'out.wav'}.")
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        raise OutputPathError(f"{option} {path}: the folder {folder} {what}. Create it first (mkdir -p {folder}) "
-                              "or choose a file in an existing folder.")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise OutputPathError(f"{option} {path} exists and is read-only; choose another file or make it writable.")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{option} {path}: the folder {folder} is not writable; choose a folder you can "
-                              "write to.")
-
-
 def _model_type(model_dir: Path) -> str | None:
     """tts_model_type of a checkpoint's config.json, or None where unreadable (the load then says why)."""
+    path = model_dir / "config.json"
+    if not path.is_file():  # a FIFO would block the read; the load says what is wrong
+        return None
     try:
-        cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return cfg.get("tts_model_type") if isinstance(cfg, dict) else None
@@ -198,7 +182,7 @@ def _model_type(model_dir: Path) -> str | None:
 
 def check_args(args) -> None:
     """Every option the user typed, checked before anything is loaded or synthesised; errors name the option."""
-    from . import checks
+    from . import checks, files
     from .errors import InvalidInputError, ModeError
     from .limits import MAX_TAKES, SEED_MAX, TAKE_STREAMS
     from .prompt import CHECKPOINT_OF_MODE, MODE_OF_MODEL
@@ -220,8 +204,17 @@ def check_args(args) -> None:
 
     check_load_args(args)
     for option, path in (("--ref-audio", args.ref_audio), ("--voice", args.voice)):
-        if path is not None and not path.is_file():
-            raise InvalidInputError(f"{option} {path} does not exist or is not a file.")
+        if path is not None:
+            files.input_file(path, option)
+    # The input files' headers and sizes too (a long, huge or damaged file), before the model is loaded.
+    if args.ref_audio is not None:
+        from .audio import check_wav
+
+        check_wav(args.ref_audio)
+    if args.voice is not None:
+        from .voice import Voice
+
+        Voice.load(args.voice)
     if args.model is not None and args.mode is not None:
         model_type = _model_type(args.model)
         native = MODE_OF_MODEL.get(model_type)
@@ -244,7 +237,7 @@ def check_args(args) -> None:
     if codes_path(args) is not None:
         outputs.append(("--codes-out", codes_path(args)))
     for option, path in outputs:
-        _check_writable(option, path)
+        files.output_file(path, option)  # a missing folder, a directory, a FIFO, a too-long name: before any work
     if len({os.path.abspath(p) for _, p in outputs}) < len(outputs):
         raise InvalidInputError(f"--codes-out {args.codes_out} would overwrite a WAV file of --out; choose another "
                                 "name.")

@@ -31,8 +31,9 @@ class VoiceError(Qwen3TTSError, ValueError):
 
 
 class OutputPathError(Qwen3TTSError, ValueError):
-    """A file the caller asked for cannot be written there: its folder is missing, the path is a folder, or the
-    folder is not writable. Checked before any synthesis, so no work is lost."""
+    """A file the caller asked for cannot be written there: its folder is missing or not writable, the path is a
+    directory, FIFO or device (never replaced), or no file system can hold its name (too long, a NUL byte).
+    Checked before any synthesis, so no work is lost."""
 
 
 class UnsupportedConfigError(Qwen3TTSError):

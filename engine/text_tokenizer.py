@@ -60,6 +60,12 @@ def _read_merges(path: Path, vocab: dict[str, int]) -> list[tuple[str, str]]:
         if pair not in seen:  # a repeated merge keeps its first rank, as transformers' conversion does
             seen.add(pair)
             merges.append(pair)
+    # An error, not a warning: without merges every word is spelled byte by byte, ids the model never saw in
+    # training, so it would speak garbage with no other sign. An empty file is a broken download or copy.
+    if not merges and any(len(token) > 1 for token in vocab):
+        raise CheckpointError(f"{path} holds no merges, but vocab.json has multi-character tokens that only "
+                              "merges can produce; the file is empty or cut short. Re-download merges.txt from "
+                              "the same model repository as vocab.json.")
     return merges
 
 

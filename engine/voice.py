@@ -5,15 +5,19 @@ a 1.7B voice in bf16 is 2048 x 2 bytes = 4 KB of tensor data.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import struct
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import checks
+from . import checks, files
 from .config import FAMILY, ModelConfig
-from .errors import VoiceError
+from .errors import OutputPathError, VoiceError
 
 FORMAT = "qwen3tts-fast-voice"
 VERSION = "1"
@@ -24,6 +28,22 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # 
 INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
               *(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)))
 REF_TEXT_HINT = "type the transcript of the reference audio, or leave ref_text empty to clone from the x-vector only."
+# The largest voice: a float64 embedding of 2048 plus 60 s of reference codes (750 frames x 16 x 4 bytes) and
+# its transcript is under 100 KB; 16 MB leaves room for any transcript and refuses other files before reading.
+MAX_VOICE_BYTES = 16 << 20
+
+
+def _check_header_length(path: Path, size: int) -> None:
+    """A safetensors file starts with the length of its JSON header (8 bytes, little-endian); a length the
+    file cannot hold is refused before anything is read."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if len(head) < 8:
+        raise VoiceError(f"{path.name} is {size} bytes, too short for a voice file; extract the voice again.")
+    (n,) = struct.unpack("<Q", head)
+    if n > size - 8:
+        raise VoiceError(f"{path.name}: its header declares {n:,} bytes but the file holds {size - 8:,} after it; "
+                         "the file is truncated or not a voice file. Extract the voice again.")
 
 
 @dataclass
@@ -84,29 +104,54 @@ class Voice:
                              "damaged, extract the voice again.")
 
     def save(self, path) -> Path:
-        """Write the voice (safetensors). A voice that check_contents refuses (a NaN embedding, say) is never
-        written: it would only fail again at load."""
+        """Write the voice to `path` through a fresh temporary file in the same folder, renamed into place: an
+        existing voice is only ever replaced by a complete file, and a path that is not a regular file (a
+        directory, FIFO or device, or a link to one) is refused, never replaced. Path problems are
+        OutputPathError. A voice that check_contents refuses (a NaN embedding, say) is never written: it would
+        only fail again at load."""
         from safetensors.torch import save_file
 
         self.check_contents()
-        path = Path(path)
+        path = files.check_name(path, "voice file", OutputPathError)
         tensors = {"spk_embedding": self.spk_embedding.detach().cpu().contiguous()}
         meta = {"format": FORMAT, "version": VERSION, "family": self.family, "model_size": self.model_size,
                 "width": str(self.width), "dtype": str(self.spk_embedding.dtype).replace("torch.", "")}
         if self.ref_codes is not None:
             tensors["ref_codes"] = self.ref_codes.detach().cpu().to(torch.int32).contiguous()
             meta["ref_text"] = json.dumps(self.ref_text or "")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path), metadata=meta)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputPathError(f"voice file {path}: cannot create the folder {path.parent} "
+                                  f"({exc.strerror or exc}); choose another folder.") from exc
+        files.output_file(path, "voice file")
+        # O_EXCL on a random name: never a file (or link) someone else made, never one shared by two saves
+        tmp = path.with_name(f".voice-{uuid.uuid4().hex}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            save_file(tensors, str(tmp), metadata=meta)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise OutputPathError(f"voice file {path} could not be written ({exc.strerror or exc}); check that "
+                                  "the folder is writable and has space.") from exc
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return path
 
     @classmethod
     def load(cls, path) -> "Voice":
         from safetensors import SafetensorError, safe_open
 
-        path = Path(path)
-        if not path.is_file():
-            raise VoiceError(f"voice file {path} does not exist.")
+        path = files.check_name(path, "voice file", VoiceError)
+        size = files.input_file(path, "voice file", VoiceError).st_size
+        if size > MAX_VOICE_BYTES:  # checked before reading: a voice is a few KB, a large file is something else
+            raise VoiceError(f"voice file {path} is {size:,} bytes; a voice file is at most {MAX_VOICE_BYTES:,} "
+                             "bytes. Choose a file saved by SaveVoice (Voice.save).")
+        _check_header_length(path, size)
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}

@@ -6,6 +6,7 @@ import os
 
 import folder_paths
 
+from ..engine import files
 from . import paths
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,10 @@ def find_voice(name: str) -> str:
         p = os.path.join(d, fname)
         if os.path.isfile(p):
             return p
+    for d in voice_dirs():  # there, but a directory, FIFO or device: say what it is, not "not found"
+        p = os.path.join(d, fname)
+        if os.path.lexists(p):
+            files.input_file(p, f"voice {name!r}:", ValueError)
     raise FileNotFoundError(f"voice {name!r} not found; looked for {fname} in: {', '.join(voice_dirs())}")
 
 

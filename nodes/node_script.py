@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from ..engine import files
+from ..engine.errors import OutputPathError
 from . import common, paths
 from .comfy_api_compat import io
 from .script_cast import VOICE_SLOTS, line_requests
@@ -108,19 +110,25 @@ class SaveSubtitles(io.ComfyNode):
 
         out_dir = folder_paths.get_output_directory()
         prefix = paths.subtitle_prefix(filename_prefix)
+        # names no file system can hold are refused before any folder is made (the number adds 8 characters)
+        files.check_name(os.path.join(out_dir, f"{prefix}_00001_.srt"), "SaveSubtitles: filename_prefix",
+                         OutputPathError)
         try:
             folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(prefix, out_dir)
         except OSError as exc:
-            raise RuntimeError(f"SaveSubtitles: cannot use the folder of {prefix!r} under {out_dir} "
-                               f"({exc.strerror or exc}); choose another filename_prefix.") from exc
+            raise OutputPathError(f"SaveSubtitles: cannot use the folder of {prefix!r} under {out_dir} "
+                                  f"({exc.strerror or exc}); choose another filename_prefix.") from exc
         except Exception as exc:  # ComfyUI refuses a prefix that leaves the output folder with a bare Exception
-            raise ValueError(f"SaveSubtitles: filename_prefix {filename_prefix!r} points outside the output "
-                             f"folder {out_dir}; use a path under it, e.g. qwen3tts/subtitles.") from exc
+            raise OutputPathError(f"SaveSubtitles: filename_prefix {filename_prefix!r} points outside the output "
+                                  f"folder {out_dir}; use a path under it, e.g. qwen3tts/subtitles.") from exc
         fname = f"{name}_{counter:05}_.srt"
         path = os.path.join(folder, fname)
         try:
             with open(path, "x", encoding="utf-8") as f:  # "x": never replace a file, even one made meanwhile
                 f.write(subtitles)
+        except (FileExistsError, IsADirectoryError, NotADirectoryError) as exc:
+            raise OutputPathError(f"SaveSubtitles: {path} exists ({exc.strerror or exc}) and is never replaced; run "
+                                  "again for the next number, or choose another filename_prefix.") from exc
         except OSError as exc:
             raise RuntimeError(f"SaveSubtitles: could not write {path} ({exc.strerror or exc}); check that the "
                                "output folder is writable and has space.") from exc

@@ -5,7 +5,8 @@ import contextlib
 import os
 import tempfile
 
-from ..engine.errors import InvalidInputError
+from ..engine import files
+from ..engine.errors import InvalidInputError, OutputPathError
 from . import comfy_paths, common, engine_cache, paths
 from .audio_utils import batch_item
 from .comfy_api_compat import io
@@ -82,11 +83,22 @@ class SaveVoice(io.ComfyNode):
         except ValueError as exc:
             raise InvalidInputError(f"SaveVoice: {exc}") from exc
         saved = fname[: -len(paths.VOICE_EXT)]
-        path = os.path.join(comfy_paths.voice_save_dir(), fname)
+        folder = comfy_paths.voice_save_dir()
+        path = os.path.join(folder, fname)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            files.output_file(path, "SaveVoice: the voice file")  # never a directory, FIFO or device, nor a link to one
+        except OSError as exc:
+            raise OutputPathError(f"SaveVoice: cannot use the voices folder {folder} ({exc.strerror or exc}); "
+                                  "check that it is a writable folder.") from exc
         replaced = os.path.exists(path)
         if replaced and not overwrite:
             raise InvalidInputError(f"SaveVoice: a voice named {saved!r} exists ({path}); enable overwrite or "
                                     "choose another name")
+        if replaced and paths.clean_name(name) != name:  # overwrite replaces the voice the user named, not one a cleaned name hits
+            raise InvalidInputError(f"SaveVoice: the name {name!r} is saved as {saved!r} (spaces and control "
+                                    f"characters cleaned), and a voice named {saved!r} exists ({path}); type "
+                                    f"{saved!r} exactly to replace it, or choose another name")
         # A fresh, exclusively created temporary name (never a fixed one a link could be planted at, never
         # shared by two saves), renamed into place; removed again if the save fails.
         tmp = None
@@ -100,9 +112,11 @@ class SaveVoice(io.ComfyNode):
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise RuntimeError(f"SaveVoice: could not write {path} ({exc.strerror or exc}); check that the "
-                                   "folder is writable and has space.") from exc
+            if isinstance(exc, (OSError, OutputPathError)):  # Voice.save words an OSError as OutputPathError
+                cause = exc if isinstance(exc, OSError) else exc.__cause__ or exc
+                reason = getattr(cause, "strerror", None) or cause
+                raise RuntimeError(f"SaveVoice: could not write {path} ({reason}); check that the folder is "
+                                   "writable and has space.") from exc
             raise
         notes = [f"saved {path}"]
         if paths.clean_name(name) != name:
@@ -149,8 +163,9 @@ class LoadVoice(io.ComfyNode):
             path = comfy_paths.find_voice(name_override or voice_name)
         except (FileNotFoundError, ValueError) as exc:
             raise InvalidInputError(f"LoadVoice: {exc}") from exc
+        with engine_errors(f"LoadVoice: {path}"):
+            voice = Voice.load(path)  # the file first: a damaged or huge one costs no model load
         engine = engine_cache.acquire(model.key)
         with engine_errors(f"LoadVoice: {path}"):
-            voice = Voice.load(path)
             engine.check_voice(voice)
         return io.NodeOutput(voice)

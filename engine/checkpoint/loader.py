@@ -12,6 +12,7 @@ import torch
 from ..config import ModelConfig, read_generation_config
 from ..errors import CheckpointError
 from .codec_source import resolve_codec
+from .finite import check_finite
 from .reader import check_layout, load_state_dict_into
 
 
@@ -20,6 +21,7 @@ def materialize(build, device: torch.device, dtype: torch.dtype, weights: Path, 
     with torch.device("meta"):
         module = build()
     load_state_dict_into(module, weights, prefix, dtype, device)
+    check_finite(module, weights, prefix)  # loaded weights only: the rebuilt buffers below are ours
     for sub in module.modules():  # non-persistent buffers (RoPE tables...) are rebuilt, not loaded
         reset = getattr(sub, "reset_buffers", None)
         if callable(reset):

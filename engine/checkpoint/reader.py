@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .. import files
 from ..errors import CheckpointError
 from . import codec_source
 
@@ -45,6 +46,10 @@ def check_layout(model_dir: str | Path, own_codec: bool = True) -> Path:
         raise CheckpointError(f"checkpoint directory {d} does not exist or is not a folder. {_LAYOUT}")
     wanted = MAIN_FILES + (CODEC_FILES if own_codec and (d / "speech_tokenizer").is_dir() else ())
     missing = [rel for rel in wanted if not (d / rel).is_file()]
+    odd = next((rel for rel in missing if (d / rel).exists()), None)
+    if odd is not None:  # there, but a directory, FIFO or device: say so, never read it
+        raise CheckpointError(f"checkpoint {d}: {d / odd} is {files.kind((d / odd).stat().st_mode)}, not a file. "
+                              f"{_LAYOUT}")
     if missing:
         codec_only = all(m.startswith("speech_tokenizer/") for m in missing)
         hint = (" The codec files go into the speech_tokenizer/ subfolder of the model directory (the published "
@@ -151,8 +156,12 @@ READ_THREADS = 4  # readers of one piece (each read releases the GIL)
 def _header(path: Path) -> tuple[int, dict]:
     """(where the data starts, {key: entry}) from a safetensors header: an 8-byte little-endian length, then
     that many bytes of JSON with each tensor's dtype, shape and [begin, end) byte offsets into the data."""
+    size = path.stat().st_size
     with open(path, "rb") as fh:
         (n,) = struct.unpack("<Q", fh.read(8))
+        if n > size - 8:  # never read (or allocate) what the file cannot hold
+            raise CheckpointError(f"{path}: its header declares {n:,} bytes but the file holds {size - 8:,} after "
+                                  "it; the file is truncated or corrupted. Delete it and download it again.")
         entries = json.loads(fh.read(n))
     entries.pop("__metadata__", None)
     return 8 + n, entries

@@ -129,7 +129,7 @@ def no_synthesis(monkeypatch):
     (["--out", "{tmp}/missing_dir/x.wav"], ("--out {tmp}/missing_dir/x.wav: the folder {tmp}/missing_dir does not "
                                              "exist. Create it first")),
     (["--takes", "3", "--out", "{tmp}/missing_dir/x.wav"], "--out {tmp}/missing_dir/x_take0.wav: the folder"),
-    (["--out", "{tmp}"], "--out {tmp} is a folder; give a file name"),
+    (["--out", "{tmp}"], "--out {tmp} is a directory; give a file name"),
     (["--out", "{tmp}/a_file/x.wav"], "the folder {tmp}/a_file is not a folder"),
     (["--codes-out", "{tmp}/nowhere/c.npy"], "--codes-out {tmp}/nowhere/c.npy: the folder {tmp}/nowhere does not"),
     (["--codes-out", "{tmp}/nowhere/c"], "--codes-out {tmp}/nowhere/c.npy: the folder"),  # numpy adds .npy

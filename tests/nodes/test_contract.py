@@ -340,9 +340,10 @@ class _FakeVoice:
 
 
 def test_voice_names_are_cleaned_before_the_overwrite_check(comfy):
-    """' Alice\t' is the voice 'Alice': with overwrite off it is refused, with overwrite on the node says it
-    replaced it; a name of only spaces and control characters is refused with a node message. (The pack's
-    InvalidInputError is a ValueError, imported under the pack's own module name.)"""
+    """' Alice\t' is the voice 'Alice': it is refused with overwrite off, and with overwrite on too (overwrite
+    replaces the voice typed exactly, never one a cleaned name hits); a name of only spaces and control
+    characters is refused with a node message. (The pack's InvalidInputError is a ValueError, imported under the
+    pack's own module name.)"""
     save = comfy["nodes"].NODE_CLASS_MAPPINGS[PREFIX + "SaveVoice"]
     voices = _pack_module("comfy_paths").voice_save_dir()
     assert save.execute(_FakeVoice(b"first"), "Alice", True).result == ("Alice",)
@@ -351,10 +352,12 @@ def test_voice_names_are_cleaned_before_the_overwrite_check(comfy):
             save.execute(_FakeVoice(b"second"), typed, False)
     with open(os.path.join(voices, "Alice.safetensors"), "rb") as f:
         assert f.read() == b"first"
-    out = save.execute(_FakeVoice(b"third"), " Alice\t", True)
-    assert out.result == ("Alice",)
-    text = out.ui["text"][0]
-    assert "was saved as 'Alice'" in text and "replaced the voice 'Alice'" in text, text
+    with pytest.raises(ValueError, match="^SaveVoice: the name ' Alice.*' is saved as 'Alice'.*type 'Alice' exactly"):
+        save.execute(_FakeVoice(b"third"), " Alice\t", True)
+    out = save.execute(_FakeVoice(b"fourth"), "Alice", True)
+    assert out.result == ("Alice",) and "replaced the voice 'Alice'" in out.ui["text"][0]
+    assert save.execute(_FakeVoice(b"x"), " Carol\t", True).ui["text"][0].endswith("was saved as 'Carol' (spaces and "
+                                                                                  "control characters cleaned)")
     assert sorted(f for f in os.listdir(voices) if f.startswith("Al")) == ["Alice.safetensors"]
     with pytest.raises(ValueError, match="^SaveVoice: voice name is empty"):
         save.execute(_FakeVoice(b"x"), " \x00\t ", True)

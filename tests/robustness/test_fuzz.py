@@ -2,6 +2,9 @@
 
 Targets: text through the tokenizer, the prompt builder and the sentence splitter; bytes through the voice
 loader (and on to the prompt builder); arrays through reference preparation; bytes through the WAV reader.
+Structurally: WAV and safetensors files built honestly, then given headers that contradict themselves or the
+data, through the WAV reader, the voice loader and the checkpoint reader; a WAV header that contradicts itself or
+the file must be refused naming the file, and one that tells the truth must load exactly.
 
 CI runs a bounded, derandomized number of examples per target (fixed inputs, no flakes, well under 60 s in
 all). QWEN3TTS_FUZZ_EXAMPLES=N runs N random examples per target instead; docs/RELIABILITY.md reports such a
@@ -345,3 +348,229 @@ def test_fuzz_wav_reader(figure):
         assert x.dtype == np.float32 and x.ndim == 2 and isinstance(sr, int) and sr > 0
 
     fuzz(figure, "bytes -> WAV reader", wav_files(), check, ci_examples=800)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# structural fuzzing: files built honestly, then given headers that contradict themselves or the data. A typed
+# error must name the file; a file that loads must give what an honest header says.
+
+WAV_ENCODINGS = [(1, 1), (1, 2), (1, 3), (1, 4), (3, 4), (3, 8)]  # (format tag, bytes a sample)
+WAV_LIES = ["align", "bits", "channels", "rate", "data_size", "fmt_size", "junk_chunk", "truncate",
+            "riff_size", "byte_rate", "data_first", "extensible"]
+HARMLESS_WAV_LIES = {"riff_size", "byte_rate", "data_first", "extensible"}  # a reader ignores or follows these
+
+
+def _decode_honestly(raw: bytes, tag: int, width: int, channels: int) -> np.ndarray:
+    """The samples [C, T] of little-endian PCM or float bytes, scaled as soundfile does (the test's oracle)."""
+    if tag == 3:
+        x = np.frombuffer(raw, f"<f{width}").astype(np.float32)
+    elif width == 1:
+        x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128) / 128
+    elif width == 3:
+        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int64)
+        v = b[:, 0] | b[:, 1] << 8 | b[:, 2] << 16
+        x = (np.where(v >= 1 << 23, v - (1 << 24), v) / float(1 << 23)).astype(np.float32)
+    else:
+        x = (np.frombuffer(raw, f"<i{width}").astype(np.float64) / float(1 << (8 * width - 1))).astype(np.float32)
+    return x.reshape(-1, channels).T
+
+
+@st.composite
+def lying_wavs(draw):
+    """(file bytes, what the reader must do: "refuse", "load" or None where the file is ambiguous, the honest
+    (tag, width, channels, data) where the lies leave the encoding as it was, the lies)."""
+    tag, width = draw(st.sampled_from(WAV_ENCODINGS))
+    channels, rate, frames = draw(st.integers(1, 4)), draw(st.sampled_from([8000, 24000, 44100])), draw(
+        st.integers(0, 200))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    if tag == 3:  # finite floats: NaN bit patterns would not compare equal
+        data = rng.uniform(-1, 1, frames * channels).astype(f"<f{width}").tobytes()
+    else:
+        data = rng.integers(0, 256, frames * channels * width, dtype=np.uint8).tobytes()
+    h = {"tag": tag, "channels": channels, "rate": rate, "bits": 8 * width, "align": channels * width,
+         "byte_rate": rate * channels * width, "fmt_size": None, "data_size": len(data), "riff_size": None}
+    lies = draw(st.lists(st.sampled_from(WAV_LIES), max_size=3, unique=True))
+    if "align" in lies:
+        h["align"] = draw(st.sampled_from([0, 1, h["align"] + 1, h["align"] * 2, 65535]))
+    if "bits" in lies:
+        h["bits"] = draw(st.sampled_from([0, 1, 7, h["bits"] + 8, 65535]))
+    if "channels" in lies:
+        h["channels"] = draw(st.sampled_from([0, channels + 1, 65535]))
+    if "rate" in lies:
+        h["rate"] = draw(st.sampled_from([0, 1, 2**32 - 1]))
+    if "data_size" in lies:
+        h["data_size"] = draw(st.sampled_from([len(data) + 1, len(data) + h["align"], 2 * len(data) + 1000, 2**31,
+                                               0xFFFFFFFF, 0, max(0, len(data) - 1)]))
+    if "fmt_size" in lies:
+        h["fmt_size"] = draw(st.sampled_from([0, 12, 15, 2**20, 2**32 - 1]))
+    if "riff_size" in lies:
+        h["riff_size"] = draw(st.sampled_from([0, 4, 2**32 - 1]))
+    if "byte_rate" in lies:
+        h["byte_rate"] = draw(st.sampled_from([0, 1, 2**32 - 1]))
+    fmt = struct.pack("<HHIIHH", 0xFFFE if "extensible" in lies else h["tag"], h["channels"] % 65536,
+                      h["rate"] % 2**32, h["byte_rate"] % 2**32, h["align"] % 65536, h["bits"] % 65536)
+    if "extensible" in lies:  # WAVE_FORMAT_EXTENSIBLE: the real tag is the GUID's first two bytes
+        fmt += struct.pack("<HHIH", 22, h["bits"] % 65536, 0, h["tag"]) + bytes.fromhex("000000001000800000aa00389b71")
+    chunks = [(b"fmt ", fmt, len(fmt) if h["fmt_size"] is None else h["fmt_size"]),
+              (b"data", data, h["data_size"])]
+    if "junk_chunk" in lies:  # a chunk before the audio whose size runs past the end of the file
+        chunks.insert(draw(st.integers(0, 1)), (b"LIST", b"junk", draw(st.sampled_from([2**31, 2**32 - 2]))))
+    if "data_first" in lies:
+        chunks.reverse()
+    body = b"WAVE" + b"".join(cid + struct.pack("<I", size) + payload + b"\0" * (len(payload) % 2)
+                              for cid, payload, size in chunks)
+    out = b"RIFF" + struct.pack("<I", len(body) if h["riff_size"] is None else h["riff_size"]) + body
+    data_start = len(out) - len(data) - len(data) % 2  # the audio's first byte (data is the last chunk)
+    if "truncate" in lies:
+        out = out[: draw(st.integers(0, max(0, len(out) - 1)))]
+
+    # What a reader must do with it: refuse every header that contradicts itself or the file, load the rest.
+    decl_width = (h["bits"] + 7) // 8
+    available = len(out) - data_start
+    if "data_first" in lies:
+        expect = None  # a lying size in the first chunk hides the next one: the outcome depends on the bytes
+    elif (h["channels"] == 0 or h["rate"] == 0 or h["bits"] == 0 or h["align"] != h["channels"] * decl_width
+          or h["fmt_size"] is not None or "junk_chunk" in lies or available < 0
+          or (h["tag"], decl_width) not in WAV_ENCODINGS):
+        expect = "refuse"
+    elif h["data_size"] == 0xFFFFFFFF:
+        expect = "load"  # open size: the rest of the file
+    else:
+        expect = "refuse" if h["data_size"] > available or h["data_size"] % h["align"] else "load"
+    honest = None
+    if (h["tag"], h["channels"], h["align"], decl_width) == (tag, channels, channels * width, width):
+        honest = (tag, width, channels, data)
+    return out, expect, honest, lies
+
+
+def test_fuzz_wav_reader_structural(figure, tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz_wav_structural") / "lying.wav"
+
+    def check(case):
+        data, expect, honest, lies = case
+        path.write_bytes(data)
+        try:
+            x, sr = engine_audio.load_wav(path, max_seconds=None)
+        except Qwen3TTSError as exc:
+            assert str(path) in str(exc), f"{lies}: the error does not name the file: {exc}"
+            assert expect != "load", f"{lies}: refused a file that is fine: {exc}"
+            raise
+        assert expect != "refuse", f"{lies}: a header that contradicts itself or the file was decoded"
+        assert x.dtype == np.float32 and x.ndim == 2 and sr > 0
+        if honest is not None:  # what loads is the honest audio, or its beginning where the size says less
+            tag, width, channels, raw = honest
+            want = _decode_honestly(raw, tag, width, channels)
+            # an odd chunk's pad byte may be declared as data: a file that says so cannot be told from an honest one
+            extra = 1 if "data_size" in lies else 0
+            n = min(x.shape[1], want.shape[1])
+            assert x.shape[0] == channels and x.shape[1] <= want.shape[1] + extra, (lies, x.shape, want.shape)
+            assert np.array_equal(x[:, :n], want[:, :n]), lies
+            if set(lies) <= HARMLESS_WAV_LIES:
+                assert x.shape == want.shape, (lies, x.shape)
+
+    fuzz(figure, "lying headers -> WAV reader", lying_wavs(), check, ci_examples=600)
+
+
+ST_LIES = ["header_length", "offsets_past_end", "offsets_overlap", "offsets_gap", "offsets_reversed", "shape",
+           "dtype", "trailing_bytes", "truncated_data", "header_padding", "not_utf8", "duplicate_key",
+           "metadata_not_text"]
+HARMLESS_ST_LIES = {"header_padding"}  # spaces after the JSON are allowed by the format
+
+
+@st.composite
+def lying_safetensors(draw, tensors: dict, metadata: dict):
+    """A safetensors file of `tensors` ({name: float32 or int32 array}) and `metadata`, with 0-3 lies."""
+    lies = draw(st.lists(st.sampled_from(ST_LIES), max_size=3, unique=True))
+    header, blobs, offset = {}, [], 0
+    for name, arr in tensors.items():
+        blob = arr.tobytes()
+        header[name] = {"dtype": {"float32": "F32", "int32": "I32"}[str(arr.dtype)], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    name = draw(st.sampled_from(sorted(header)))
+    entry = header[name]
+    begin, end = entry["data_offsets"]
+    if "offsets_past_end" in lies:
+        entry["data_offsets"] = [begin, offset + draw(st.sampled_from([1, 4, 2**40]))]
+    if "offsets_overlap" in lies and len(header) > 1:
+        entry["data_offsets"] = [max(0, begin - 4), end - 4]
+    if "offsets_gap" in lies:
+        entry["data_offsets"] = [begin + 4, end + 4]
+    if "offsets_reversed" in lies:
+        entry["data_offsets"] = [end, begin]
+    if "shape" in lies:
+        entry["shape"] = draw(st.sampled_from([[], [0], [entry["shape"][0] + 1] + entry["shape"][1:], [2**31, 2**31],
+                                               [-1]]))
+    if "dtype" in lies:
+        entry["dtype"] = draw(st.sampled_from(["F64", "F16", "I64", "U8", "BOOL", "F8_E4M3", "XYZ"]))
+    meta = dict(metadata)
+    if "metadata_not_text" in lies:
+        meta[draw(st.sampled_from(sorted(meta)))] = draw(st.sampled_from([5, None, ["a"], {"a": 1}]))
+    header["__metadata__"] = meta
+    raw = json.dumps(header).encode()
+    if "duplicate_key" in lies:
+        raw = raw[:-1] + b", " + json.dumps(name).encode() + b": " + json.dumps(header[name]).encode() + b"}"
+    if "not_utf8" in lies:
+        raw = raw[:-1] + b', "\xff\xfe": 1}'
+    if "header_padding" in lies:
+        raw += b" " * draw(st.integers(1, 7))
+    length = len(raw)
+    if "header_length" in lies:
+        length = draw(st.sampled_from([0, 1, len(raw) - 1, len(raw) + 1, len(raw) + 8, 2**40, 2**64 - 1]))
+    data = b"".join(blobs)
+    if "truncated_data" in lies:
+        data = data[: draw(st.integers(0, max(0, len(data) - 1)))]
+    if "trailing_bytes" in lies:
+        data += b"\0" * draw(st.integers(1, 64))
+    return struct.pack("<Q", length % 2**64) + raw + data, set(lies) <= HARMLESS_ST_LIES, lies
+
+
+def test_fuzz_voice_loader_structural(engines, voices, figure, tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz_voice_structural") / "lying.safetensors"
+    xvec = voices["icl"]
+    emb = xvec.spk_embedding.float().numpy()
+    codes = xvec.ref_codes.to(torch.int32).numpy()
+    meta = {"format": FORMAT, "version": "1", "family": xvec.family, "model_size": xvec.model_size,
+            "width": str(emb.shape[0]), "dtype": "float32", "ref_text": json.dumps(xvec.ref_text)}
+
+    def check(case):
+        data, honest, lies = case
+        path.write_bytes(data)
+        try:
+            voice = Voice.load(path)
+        except Qwen3TTSError as exc:
+            assert path.name in str(exc), f"{lies}: the error does not name the file: {exc}"
+            raise
+        engines["base"].check_voice(voice)
+        if honest:
+            assert torch.equal(voice.spk_embedding, torch.from_numpy(emb)) and torch.equal(
+                voice.ref_codes, torch.from_numpy(codes).long()), lies
+
+    strategy = lying_safetensors({"spk_embedding": emb, "ref_codes": codes}, meta)
+    fuzz(figure, "lying headers -> voice loader", strategy, check, ci_examples=400)
+
+
+def test_fuzz_checkpoint_reader_structural(figure, tmp_path_factory):
+    """The checkpoint reader reads tensor bytes itself (engine/checkpoint/reader.py), at the header's offsets."""
+    from engine.checkpoint.reader import load_state_dict_into
+
+    path = tmp_path_factory.mktemp("fuzz_ckpt_structural") / "model.safetensors"
+    rng = np.random.default_rng(0)
+    weight, bias = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+
+    def check(case):
+        data, honest, lies = case
+        path.write_bytes(data)
+        module = torch.nn.Linear(4, 3)
+        try:
+            load_state_dict_into(module, path, "lin.", torch.float32, "cpu")
+        except Qwen3TTSError as exc:
+            assert str(path) in str(exc), f"{lies}: the error does not name the file: {exc}"
+            raise
+        if honest:
+            assert torch.equal(module.weight, torch.from_numpy(weight)) and torch.equal(
+                module.bias, torch.from_numpy(bias)), lies
+
+    strategy = lying_safetensors({"lin.weight": weight, "lin.bias": bias}, {"format": "pt"})
+    fuzz(figure, "lying headers -> checkpoint reader", strategy, check, ci_examples=400)

@@ -284,8 +284,7 @@ case("voice file: bad metadata", "width mismatch", "voice",
 case("voice file: another model size", "1b7", "voice",
      write=_tensors(lambda c: {"spk_embedding": torch.zeros(2048, dtype=torch.bfloat16)},
                     lambda c: {"model_size": "1b7"}), hint=r"do not carry over between model sizes.*extract the voice")
-case("voice file: a directory", "dir", "voice", write=lambda p, c: p.mkdir(), hint=r"does not exist|not found",
-     surfaces=("engine", "cli"), note="LoadVoice lists files only")
+case("voice file: a directory", "dir", "voice", write=lambda p, c: p.mkdir(), hint=r"is a directory, not a file")
 case("voice: not a Voice object", "str", "voice", voice="my_voice.safetensors", hint=r"voice must be an engine Voice",
      surfaces=("engine", "node"))
 
