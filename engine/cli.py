@@ -137,6 +137,7 @@ def load_options(args) -> dict:
 
 def check_load_args(args) -> None:
     """The load options' folders exist; the load itself says what is wrong inside them."""
+    from . import files
     from .errors import InvalidInputError
 
     for option, path in (("--model", args.model), ("--codec-dir", args.codec_dir)):

@@ -143,7 +143,7 @@ class Voice:
         return path
 
     @classmethod
-    def load(cls, path) -> "Voice":
+    def load(cls, path) -> Voice:
         from safetensors import SafetensorError, safe_open
 
         path = files.check_name(path, "voice file", VoiceError)
