@@ -229,10 +229,10 @@ def check_args(args) -> None:
                                    ("--speaker", args.speaker, "the checkpoint's first speaker")):
         if value is not None and not value.strip():
             raise InvalidInputError(f"{option} is empty; leave the option out for its default ({default}).")
-    if args.codes_out is not None and args.codes_out.is_dir():  # before .npy is added to the name
+    if args.codes_out is not None and files.check_name(args.codes_out, "--codes-out").is_dir():  # before .npy is added
         from .errors import OutputPathError
 
-        raise OutputPathError(f"--codes-out {args.codes_out} is a folder; give a file name, e.g. "
+        raise OutputPathError(f"--codes-out {args.codes_out} is a directory; give a file name, e.g. "
                               f"{args.codes_out / 'codes.npy'}.")
     outputs = [("--out", p) for p in wav_paths(args)]
     if codes_path(args) is not None:
