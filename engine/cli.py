@@ -140,9 +140,12 @@ def _check_writable(option: str, path: Path) -> None:
 
 def _model_type(model_dir: Path) -> str | None:
     """tts_model_type of a checkpoint's config.json, or None where unreadable (the load then says why)."""
+    path = model_dir / "config.json"
     try:
-        cfg = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        if not path.is_file():  # a FIFO or a folder: never opened (a FIFO would block)
+            return None
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
     return cfg.get("tts_model_type") if isinstance(cfg, dict) else None
 

@@ -107,8 +107,9 @@ def mutants(file: str, doc: dict, under: tuple = ()) -> list[Mutant]:
 class Workspace:
     """A checkpoint folder whose files are links to `source`'s, except the one being mutated."""
 
-    def __init__(self, source: Path, root: Path):
-        self.source, self.dir = Path(source), Path(root) / source.name
+    def __init__(self, source: Path, root: Path, name: str | None = None):
+        self.source = Path(source)
+        self.dir = Path(root) / (name or self.source.name)
         self.dir.mkdir(parents=True)
         for entry in self.source.iterdir():
             if entry.is_dir():  # speech_tokenizer/: a real folder, its files linked
