@@ -153,6 +153,7 @@ def _model_type(model_dir: Path) -> str | None:
 def check_args(args) -> None:
     """Every option the user typed, checked before anything is loaded or synthesised; errors name the option."""
     from . import checks
+    from .engine_config import EngineConfig
     from .errors import InvalidInputError, ModeError
     from .prompt import CHECKPOINT_OF_MODE, MODE_OF_MODEL
     from .limits import MAX_TAKES, SEED_MAX, TAKE_STREAMS
@@ -172,6 +173,9 @@ def check_args(args) -> None:
         params = params.capped(given["max_new_tokens"])
     params.replace(**given).validate(label=lambda field: "--" + field.replace("_", "-"))
 
+    # The load's own rules, before the default checkpoint is written or anything is read.
+    EngineConfig(model_dir="", device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
+                 triton=args.triton).check_settings(label=lambda field: "--" + field.replace("_", "-"))
     for option, path in (("--model", args.model), ("--codec-dir", args.codec_dir)):
         if path is not None and not path.is_dir():
             raise InvalidInputError(f"{option} {path} is not a folder; give the checkpoint directory (the one that "
