@@ -136,10 +136,14 @@ def load_options(args) -> dict:
 
 
 def check_load_args(args) -> None:
-    """The load options' folders exist; the load itself says what is wrong inside them."""
+    """The load options' settings and folders, checked by the load's own rules before the default checkpoint is
+    written or anything is read; the load itself says what is wrong inside the folders."""
     from . import files
+    from .engine_config import EngineConfig
     from .errors import InvalidInputError
 
+    EngineConfig(model_dir="", device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
+                 triton=args.triton).check_settings(label=lambda field: "--" + field.replace("_", "-"))
     for option, path in (("--model", args.model), ("--codec-dir", args.codec_dir)):
         if path is not None and not files.check_name(path, option).is_dir():
             raise InvalidInputError(f"{option} {path} is not a folder; give the checkpoint directory (the one that "
@@ -172,11 +176,11 @@ def codes_path(args) -> Path | None:
 def _model_type(model_dir: Path) -> str | None:
     """tts_model_type of a checkpoint's config.json, or None where unreadable (the load then says why)."""
     path = model_dir / "config.json"
-    if not path.is_file():  # a FIFO would block the read; the load says what is wrong
-        return None
     try:
+        if not path.is_file():  # a FIFO or a folder: never opened (a FIFO would block)
+            return None
         cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
     return cfg.get("tts_model_type") if isinstance(cfg, dict) else None
 

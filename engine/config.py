@@ -10,12 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import config_fields as cf
 from .errors import CheckpointError
 
 MODEL_TYPES = ("base", "custom_voice", "voice_design")
 FAMILY = "qwen3-tts-12hz"
 SAMPLE_RATE = 24000
 SAMPLES_PER_FRAME = 1920
+CONTROL_IDS = 1024  # talker ids after the audio codes: pad, bos, eos, think tags, languages, speakers
+SPEAKER_MELS = 128  # log-mel bands the speaker encoder reads (model/mel.py)
 
 
 _LAYOUT_HINT = ("A Qwen3-TTS-12Hz checkpoint directory holds config.json, generation_config.json, "
@@ -29,8 +32,12 @@ def read_json(path: Path, what: str = "file", hint: str = _LAYOUT_HINT) -> dict:
         raise CheckpointError(f"missing {what} {path}. {hint}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path} ({exc.strerror or exc}); check its permissions. {hint}") from exc
+    except ValueError as exc:  # not JSON, not UTF-8, or a number of more digits than Python converts
         raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download that file. {hint}") from exc
+    except RecursionError as exc:  # the parser recurses once per nesting level
+        raise CheckpointError(f"{path} is nested too deeply to be a config; re-download that file. {hint}") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object; re-download that file. {hint}")
     return data
@@ -59,18 +66,27 @@ class LayerStackConfig:
     vocab_size: int
 
     @classmethod
-    def from_dict(cls, d: dict, where: str) -> "LayerStackConfig":
+    def from_dict(cls, d: dict, where: str) -> LayerStackConfig:
+        hidden = cf.whole(d, "hidden_size", where)
+        heads = cf.whole(d, "num_attention_heads", where, hi=cf.MAX_COUNT)
+        kv_heads = cf.whole(d, "num_key_value_heads", where, hi=cf.MAX_COUNT)
+        head_dim = cf.whole(d, "head_dim", where, default=hidden // heads, null_default=True)
+        if heads % kv_heads:
+            raise cf.fail(where, "num_key_value_heads", f"a divisor of num_attention_heads ({heads})", kv_heads)
+        if head_dim % 2:  # rotary embeddings turn pairs of channels
+            raise cf.fail(where, "head_dim", "an even number", head_dim)
+        cf.text(d, "hidden_act", where, ("silu",), default="silu")  # the MLP is SwiGLU: silu is built in
         return cls(
-            hidden_size=int(require(d, "hidden_size", where)),
-            intermediate_size=int(require(d, "intermediate_size", where)),
-            num_layers=int(require(d, "num_hidden_layers", where)),
-            num_heads=int(require(d, "num_attention_heads", where)),
-            num_kv_heads=int(require(d, "num_key_value_heads", where)),
-            head_dim=int(d.get("head_dim") or int(require(d, "hidden_size", where)) // int(d["num_attention_heads"])),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(d.get("rope_theta", 1e6)),
-            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
-            vocab_size=int(require(d, "vocab_size", where)),
+            hidden_size=hidden,
+            intermediate_size=cf.whole(d, "intermediate_size", where),
+            num_layers=cf.whole(d, "num_hidden_layers", where, hi=cf.MAX_COUNT),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=cf.real(d, "rms_norm_eps", where, 0.0, 1.0, lo_open=True, default=1e-6),
+            rope_theta=cf.real(d, "rope_theta", where, 1.0, 1e12, default=1e6),
+            max_position_embeddings=cf.whole(d, "max_position_embeddings", where, default=32768),
+            vocab_size=cf.whole(d, "vocab_size", where),
         )
 
 
@@ -97,26 +113,54 @@ class TalkerConfig:
         return self.layers.hidden_size
 
     @classmethod
-    def from_dict(cls, d: dict, where: str) -> "TalkerConfig":
-        pred = require(d, "code_predictor_config", where)
-        lower = lambda m: {str(k).lower(): v for k, v in (m or {}).items()}  # noqa: E731
+    def from_dict(cls, d: dict, where: str) -> TalkerConfig:
+        layers = LayerStackConfig.from_dict(d, where)
+        predictor = LayerStackConfig.from_dict(cf.section(d, "code_predictor_config", where),
+                                               where + " → code_predictor_config")
+        vocab = layers.vocab_size
+        # Codebook 0 shares the talker's vocabulary with 1024 control ids after the audio codes (sampling masks
+        # them by position), so the audio codes must be exactly the code predictor's (and the codec's) entries.
+        if vocab != predictor.vocab_size + CONTROL_IDS:
+            raise cf.fail(where, "vocab_size", f"code_predictor_config.vocab_size + {CONTROL_IDS} "
+                                              f"({predictor.vocab_size + CONTROL_IDS})", vocab)
+        codec_id = lambda key: cf.token_id(d, key, where, vocab, "vocab_size")
+        languages = cf.id_map(d, "codec_language_id", where, 0, vocab)
+        speakers = cf.id_map(d, "spk_id", where, 0, vocab)
         return cls(
-            layers=LayerStackConfig.from_dict(d, where),
-            predictor=LayerStackConfig.from_dict(pred, where + " → code_predictor_config"),
-            text_vocab_size=int(require(d, "text_vocab_size", where)),
-            text_hidden_size=int(require(d, "text_hidden_size", where)),
-            num_code_groups=int(require(d, "num_code_groups", where)),
-            codec_pad_id=int(require(d, "codec_pad_id", where)),
-            codec_bos_id=int(require(d, "codec_bos_id", where)),
-            codec_eos_id=int(require(d, "codec_eos_token_id", where)),
-            codec_think_id=int(require(d, "codec_think_id", where)),
-            codec_nothink_id=int(require(d, "codec_nothink_id", where)),
-            codec_think_bos_id=int(require(d, "codec_think_bos_id", where)),
-            codec_think_eos_id=int(require(d, "codec_think_eos_id", where)),
-            language_ids=lower(d.get("codec_language_id")),
-            speaker_ids=lower(d.get("spk_id")),
-            speaker_dialect=lower(d.get("spk_is_dialect")),
+            layers=layers,
+            predictor=predictor,
+            text_vocab_size=cf.whole(d, "text_vocab_size", where),
+            text_hidden_size=cf.whole(d, "text_hidden_size", where),
+            num_code_groups=cf.whole(d, "num_code_groups", where, lo=2, hi=cf.MAX_COUNT),
+            codec_pad_id=codec_id("codec_pad_id"),
+            codec_bos_id=codec_id("codec_bos_id"),
+            codec_eos_id=codec_id("codec_eos_token_id"),
+            codec_think_id=codec_id("codec_think_id"),
+            codec_nothink_id=codec_id("codec_nothink_id"),
+            codec_think_bos_id=codec_id("codec_think_bos_id"),
+            codec_think_eos_id=codec_id("codec_think_eos_id"),
+            language_ids=languages,
+            speaker_ids=speakers,
+            speaker_dialect=_dialects(d, where, languages),
         )
+
+
+def _dialects(d: dict, where: str, languages: dict) -> dict:
+    """spk_is_dialect: {lower-case speaker: false, or the lower-case name of one of codec_language_id}."""
+    value = d.get("spk_is_dialect")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise cf.fail(where, "spk_is_dialect", "a JSON object of speaker names to false or a dialect", value)
+    out = {}
+    for name, dialect in value.items():
+        if dialect is None or dialect is False:
+            out[name.lower()] = False
+        elif isinstance(dialect, str) and dialect.lower() in languages:
+            out[name.lower()] = dialect.lower()
+        else:
+            raise cf.fail(where, f"spk_is_dialect.{name}", "false or a language of codec_language_id", dialect)
+    return out
 
 
 @dataclass(frozen=True)
@@ -132,18 +176,27 @@ class SpeakerEncoderConfig:
     sample_rate: int
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SpeakerEncoderConfig":
+    def from_dict(cls, d: dict, where: str = "speaker_encoder_config") -> SpeakerEncoderConfig:
         # The published files list only enc_dim and sample_rate; the rest are the code's constants.
+        channels = cf.whole_list(d, "enc_channels", where, default=(512, 512, 512, 512, 1536))
+        n = len(channels)
+        if n < 3:
+            raise cf.fail(where, "enc_channels", "a list of at least 3 widths", list(channels))
+        scale = cf.whole(d, "enc_res2net_scale", where, hi=cf.MAX_COUNT, default=8)
+        if any(c % scale for c in channels[1:-1]):
+            raise cf.fail(where, "enc_res2net_scale", f"a divisor of every inner width of enc_channels "
+                                                     f"{list(channels)}", scale)
         return cls(
-            mel_dim=int(d.get("mel_dim", 128)),
-            enc_dim=int(d.get("enc_dim", 1024)),
-            enc_channels=tuple(d.get("enc_channels", (512, 512, 512, 512, 1536))),
-            enc_kernel_sizes=tuple(d.get("enc_kernel_sizes", (5, 3, 3, 3, 1))),
-            enc_dilations=tuple(d.get("enc_dilations", (1, 2, 3, 4, 1))),
-            enc_attention_channels=int(d.get("enc_attention_channels", 128)),
-            enc_res2net_scale=int(d.get("enc_res2net_scale", 8)),
-            enc_se_channels=int(d.get("enc_se_channels", 128)),
-            sample_rate=int(d.get("sample_rate", SAMPLE_RATE)),
+            mel_dim=cf.whole(d, "mel_dim", where, lo=SPEAKER_MELS, hi=SPEAKER_MELS, default=SPEAKER_MELS),
+            enc_dim=cf.whole(d, "enc_dim", where, default=1024),
+            enc_channels=channels,
+            enc_kernel_sizes=cf.whole_list(d, "enc_kernel_sizes", where, hi=cf.MAX_COUNT, length=n,
+                                          default=(5, 3, 3, 3, 1)),
+            enc_dilations=cf.whole_list(d, "enc_dilations", where, hi=cf.MAX_COUNT, length=n, default=(1, 2, 3, 4, 1)),
+            enc_attention_channels=cf.whole(d, "enc_attention_channels", where, default=128),
+            enc_res2net_scale=scale,
+            enc_se_channels=cf.whole(d, "enc_se_channels", where, default=128),
+            sample_rate=cf.whole(d, "sample_rate", where, lo=SAMPLE_RATE, hi=SAMPLE_RATE, default=SAMPLE_RATE),
         )
 
 
@@ -180,31 +233,44 @@ class ModelConfig:
         return sorted(self.talker.speaker_ids)
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "config.json") -> "ModelConfig":
+    def from_dict(cls, d: dict, where: str = "config.json") -> ModelConfig:
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{where} must hold a JSON object. {cf.FIX}")
         mtype = require(d, "tts_model_type", where)
-        if mtype not in MODEL_TYPES:
+        if not isinstance(mtype, str) or mtype not in MODEL_TYPES:
             raise CheckpointError(
-                f"unknown tts_model_type '{mtype}' in {where}; expected one of {', '.join(MODEL_TYPES)}. "
-                "Only the Qwen3-TTS-12Hz Base, CustomVoice and VoiceDesign checkpoints are supported."
-            )
-        talker = TalkerConfig.from_dict(require(d, "talker_config", where), where + " → talker_config")
+                f"{where}: field 'tts_model_type' is {cf.shown(mtype)}, not one of {', '.join(MODEL_TYPES)}. Only the "
+                "Qwen3-TTS-12Hz Base, CustomVoice and VoiceDesign checkpoints are supported; use one of those, "
+                "downloaded whole.")
+        talker = TalkerConfig.from_dict(cf.section(d, "talker_config", where), where + " → talker_config")
+        if mtype == "custom_voice" and not talker.speaker_ids:
+            raise cf.fail(where + " → talker_config", "spk_id", "an object of at least one speaker name and id (a "
+                                                               "CustomVoice checkpoint speaks only as its speakers)",
+                          d["talker_config"].get("spk_id"))
         spk = None
         if mtype == "base":
-            spk = SpeakerEncoderConfig.from_dict(require(d, "speaker_encoder_config", where))
+            section = where + " → speaker_encoder_config"
+            spk = SpeakerEncoderConfig.from_dict(cf.section(d, "speaker_encoder_config", where), section)
+            if spk.enc_dim != talker.hidden_size:  # the x-vector fills one talker position
+                raise cf.fail(section, "enc_dim", f"the talker's hidden_size ({talker.hidden_size})", spk.enc_dim)
+        size = d.get("tts_model_size")
+        if size is not None and not isinstance(size, str):
+            raise cf.fail(where, "tts_model_size", "a string such as \"0b6\" or \"1b7\"", size)
+        text_id = lambda key: cf.token_id(d, key, where, talker.text_vocab_size, "talker_config.text_vocab_size")
         return cls(
             tts_model_type=mtype,
-            tts_model_size=str(d.get("tts_model_size") or ""),
-            im_start_token_id=int(require(d, "im_start_token_id", where)),
-            im_end_token_id=int(require(d, "im_end_token_id", where)),
-            tts_pad_token_id=int(require(d, "tts_pad_token_id", where)),
-            tts_bos_token_id=int(require(d, "tts_bos_token_id", where)),
-            tts_eos_token_id=int(require(d, "tts_eos_token_id", where)),
+            tts_model_size=size or "",
+            im_start_token_id=text_id("im_start_token_id"),
+            im_end_token_id=text_id("im_end_token_id"),
+            tts_pad_token_id=text_id("tts_pad_token_id"),
+            tts_bos_token_id=text_id("tts_bos_token_id"),
+            tts_eos_token_id=text_id("tts_eos_token_id"),
             talker=talker,
             speaker_encoder=spk,
         )
 
     @classmethod
-    def from_dir(cls, model_dir: Path) -> "ModelConfig":
+    def from_dir(cls, model_dir: Path) -> ModelConfig:
         path = Path(model_dir) / "config.json"
         return cls.from_dict(read_json(path), str(path))
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from . import checks, sampling
+from .callbacks import guarded
 from .codec_session import CodecSession
 from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from .decode import EagerFrames, Row, decode_rows
@@ -20,8 +21,8 @@ from .engine_config import EngineConfig
 from .engine_lock import EngineLock, serialised, serialised_stream
 from .errors import InvalidInputError, ModeError, PromptTooLongError
 from .host_audio import HostAudio, touching
-from .prompt import Prompt, PromptBuilder, Request, expected_frames
 from .limits import SEED_MAX
+from .prompt import Prompt, PromptBuilder, Request, expected_frames
 from .sampling import MAX_NEW_TOKENS, SamplingParams, check_take_range
 from .voice import REF_TEXT_HINT, Voice
 
@@ -110,9 +111,15 @@ class Engine:
         """Load a checkpoint: `Engine.load(EngineConfig(...))`, or `Engine.load(folder, **fields)` for short."""
         from .loading import load_engine
 
+        if not isinstance(config, EngineConfig) and not isinstance(config, (str, bytes)) \
+                and not hasattr(config, "__fspath__"):
+            raise InvalidInputError(f"Engine.load takes an EngineConfig or a folder (got {type(config).__name__}).")
+        known = [f.name for f in fields(EngineConfig) if isinstance(config, EngineConfig) or f.name != "model_dir"]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise InvalidInputError(f"Engine.load has no option {', '.join(unknown)}; its options are "
+                                    f"{', '.join(known)} (the fields of EngineConfig).")
         if not isinstance(config, EngineConfig):
-            if not isinstance(config, (str, bytes)) and not hasattr(config, "__fspath__"):
-                raise InvalidInputError(f"Engine.load takes an EngineConfig or a folder (got {type(config).__name__}).")
             config = EngineConfig(model_dir=config, **options)
         elif options:
             config = config.replace(**options)
@@ -217,6 +224,7 @@ class Engine:
         (on_progress(frames_done, frames_total), the total an estimate) and finished rows free their slots
         for the next (longest text first). should_stop() -> True stops with GenerationInterrupted."""
         t0 = time.perf_counter()
+        on_progress, should_stop = guarded("on_progress", on_progress), guarded("should_stop", should_stop)
         items, single = self._items(what, takes, seed, first_take, "generate")
         if not items:
             return []
@@ -291,6 +299,7 @@ class Engine:
         its slot for the next at a chunk boundary. `first_chunk_frames` (1..chunk_frames, 0 = chunk_frames)
         makes the first chunk shorter for earlier first audio, and only item 0's takes are prefilled before
         it. Closing the generator early frees the engine."""
+        on_progress, should_stop = guarded("on_progress", on_progress), guarded("should_stop", should_stop)
         items, _ = self._items(what, takes, seed, first_take, "stream")
         if not items:
             return

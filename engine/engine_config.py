@@ -1,12 +1,21 @@
 """EngineConfig: everything a load decides, frozen, so one value is both the load's argument and a cache key."""
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from . import checks
+from .errors import CheckpointError, InvalidInputError, UnsupportedConfigError
 from .limits import MAX_TAKES
 
 SWITCHES = ("auto", "on", "off")
+DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
+# A cache shorter than a short prompt plus a few frames can hold nothing; one past 2^16 positions (twice the
+# published max_position_embeddings) is a typo that would reserve tens of GB per take.
+MIN_SEQ_LEN, MAX_SEQ_LEN = 16, 1 << 16
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d{1,3})?)$")
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,47 @@ class EngineConfig:
 
     def replace(self, **changes) -> EngineConfig:
         return replace(self, **changes)
+
+    def check(self) -> None:
+        """Every field, before any work (Engine.load calls it): a typed error naming the field and what to do."""
+        _check_folder("model_dir", self.model_dir)
+        if self.codec_dir:
+            _check_folder("codec_dir", self.codec_dir)
+        self.check_settings()
+
+    def check_settings(self, label=None) -> None:
+        """Every field but the folders (the CLI checks them before it writes its default checkpoint). label(field)
+        is the name a message gives a field (the CLI names its options); default the field's."""
+        name = label or (lambda field: field)
+        if not isinstance(self.device, str) or not _DEVICE.match(self.device):
+            raise UnsupportedConfigError(f"{name('device')} must be auto, cpu, cuda or cuda:N (got {self.device!r}).")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_NAMES:
+            raise UnsupportedConfigError(f"{name('dtype')} must be one of {', '.join(DTYPE_NAMES)} "
+                                         f"(got {self.dtype!r}).")
+        for field in ("cuda_graphs", "triton"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or value not in SWITCHES:
+                raise UnsupportedConfigError(f"{name(field)} must be one of {', '.join(SWITCHES)} (got {value!r}).")
+        checks.whole_number(name("max_takes"), self.max_takes, 1, MAX_TAKES)
+        checks.whole_number(name("warm_takes"), self.warm_takes, 1, self.max_takes,
+                            f"It cannot exceed {name('max_takes')}.")
+        checks.whole_number(name("max_seq_len"), self.max_seq_len, MIN_SEQ_LEN, MAX_SEQ_LEN,
+                            "It is the K/V cache length of each take (prompt tokens + frames); 4096 holds "
+                            "about 5 minutes of audio.")
+
+
+def _check_folder(name: str, path) -> None:
+    """A folder given as a load argument: a non-empty path to an existing, readable directory."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise InvalidInputError(f"{name} must be the path of a checkpoint folder (got {path!r}).")
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{name} {p} does not exist; give the checkpoint folder (the one that holds "
+                              "config.json).")
+    if not p.is_dir():
+        raise CheckpointError(f"{name} {p} is a file, not a folder; give the checkpoint folder that holds it.")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise CheckpointError(f"{name} {p} is not readable; check its permissions.")
 
 
 def _absolute(path) -> str:

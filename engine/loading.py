@@ -9,10 +9,8 @@ from pathlib import Path
 
 import torch
 
-from . import checks
-from .engine_config import SWITCHES, EngineConfig
-from .limits import MAX_TAKES
 from .decode import Row, decode_rows
+from .engine_config import EngineConfig
 from .errors import InvalidInputError, UnsupportedConfigError
 from .gpu.buckets import warm_buckets
 from .prompt import MODE_OF_MODEL, Request
@@ -64,6 +62,10 @@ def resolve_device(device: str) -> torch.device:
         raise UnsupportedConfigError("device 'cuda' was requested but no CUDA GPU is available; use device 'cpu'.")
     if dev.type not in ("cpu", "cuda"):
         raise UnsupportedConfigError(f"device '{device}' is not supported; use 'cpu' or 'cuda'.")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UnsupportedConfigError(f"device '{device}' does not exist: this machine has "
+                                     f"{torch.cuda.device_count()} CUDA device(s), cuda:0 to "
+                                     f"cuda:{torch.cuda.device_count() - 1}.")
     return dev
 
 
@@ -79,11 +81,7 @@ def check_config(config: EngineConfig) -> None:
     """Every field of the config, before any work."""
     if not isinstance(config, EngineConfig):
         raise InvalidInputError(f"Engine.load takes an EngineConfig or a folder (got {type(config).__name__}).")
-    for name in ("cuda_graphs", "triton"):
-        if getattr(config, name) not in SWITCHES:
-            raise UnsupportedConfigError(f"{name} must be one of {', '.join(SWITCHES)} (got '{getattr(config, name)}').")
-    checks.whole_number("max_takes", config.max_takes, 1, MAX_TAKES)
-    checks.whole_number("warm_takes", config.warm_takes, 1, config.max_takes, "It cannot exceed max_takes.")
+    config.check()
 
 
 def load_engine(engine_cls, config: EngineConfig):

@@ -60,31 +60,47 @@ def find_checkpoints(roots: list[str]) -> dict[str, str]:
     return dict(sorted(found.items(), key=lambda kv: kv[0].lower()))
 
 
+MAX_CONFIG_BYTES = 16 << 20  # a published config.json is a few kB; a larger "config" is not read at listing
+
+
+def read_config(d: str) -> dict | None:
+    """A folder's config.json as a JSON object, or None where it cannot be one: missing, not a regular file (a
+    FIFO would block the listing), too large, unreadable, not JSON, nested too deeply or not an object. The
+    node lists are built from every folder found, so one bad folder must never break them; loading that
+    folder reports what is wrong with it."""
+    path = os.path.join(d, "config.json")
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > MAX_CONFIG_BYTES:
+            return None
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError, RecursionError):  # RecursionError: the parser recurses once per nesting level
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def checkpoint_speakers(checkpoint_dirs) -> list[str]:
     """Speaker names of the CustomVoice checkpoints among the directories (`talker_config.spk_id` keys of their
-    config.json, as written there), in order of first appearance; unreadable configs are skipped."""
+    config.json, as written there), in order of first appearance. Configs that are unreadable, or whose speaker
+    table is not names to ids of the talker's vocabulary (the load would refuse them), add none."""
     names: dict[str, None] = {}
     for d in checkpoint_dirs:
-        try:
-            with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
-                cfg = json.load(f)
-        except (OSError, ValueError):
+        cfg = read_config(d)
+        if cfg is None or cfg.get("tts_model_type") != "custom_voice":
             continue
-        if not isinstance(cfg, dict) or cfg.get("tts_model_type") != "custom_voice":
-            continue
-        spk = (cfg.get("talker_config") or {}).get("spk_id") or {}
-        if isinstance(spk, dict):
-            names.update((str(k), None) for k in spk)
+        talker = cfg.get("talker_config")
+        spk = talker.get("spk_id") if isinstance(talker, dict) else None
+        vocab = talker.get("vocab_size") if isinstance(talker, dict) else None
+        if isinstance(spk, dict) and type(vocab) is int and all(type(i) is int and 0 <= i < vocab
+                                                                 for i in spk.values()):
+            names.update((k, None) for k in spk if k.strip())
     return list(names)
 
 
 def _is_codec_folder(d: str) -> bool:
     """A standalone codec download (Qwen/Qwen3-TTS-Tokenizer-12Hz): its own config.json is the codec's."""
-    try:
-        with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
-            return json.load(f).get("model_type") == "qwen3_tts_tokenizer_12hz"
-    except (OSError, ValueError, AttributeError):
-        return False
+    cfg = read_config(d)
+    return cfg is not None and cfg.get("model_type") == "qwen3_tts_tokenizer_12hz"
 
 
 def codec_choices(found: dict[str, str]) -> list[str]:

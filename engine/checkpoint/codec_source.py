@@ -33,7 +33,7 @@ class CodecSource:
 def _read(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or nested too deeply
         return None
     return data if isinstance(data, dict) else None
 
@@ -50,8 +50,8 @@ def codec_folder(d: Path) -> Path | None:
 
 def incompatibility(codec_dir: Path, num_code_groups: int, codebook_size: int) -> str | None:
     """Why the codec in `codec_dir` cannot decode this talker's codes, or None if it can."""
-    dec = (_read(codec_dir / "config.json") or {}).get("decoder_config") or {}
-    found = (dec.get("num_quantizers"), dec.get("codebook_size"))
+    dec = (_read(codec_dir / "config.json") or {}).get("decoder_config")
+    found = (dec.get("num_quantizers"), dec.get("codebook_size")) if isinstance(dec, dict) else (None, None)
     if found != (num_code_groups, codebook_size):
         return (f"its codes are {found[0]} codebooks x {found[1]} entries, the model's are {num_code_groups} x "
                 f"{codebook_size}")
@@ -65,7 +65,7 @@ def _siblings(model_dir: Path, size: str) -> list[Path]:
         dirs = [d for d in parent.iterdir() if d.is_dir() and d.resolve() != model_dir.resolve()]
     except OSError:
         return []
-    same_size = lambda d: (_read(d / "config.json") or {}).get("tts_model_size") == size  # noqa: E731
+    same_size = lambda d: (_read(d / "config.json") or {}).get("tts_model_size") == size
     return sorted(dirs, key=lambda d: (not same_size(d), d.name.lower()))
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import read_json, require
+from .. import config_fields as cf
+from ..config import SAMPLE_RATE, SAMPLES_PER_FRAME, read_json
 from ..errors import CheckpointError
 
 
@@ -47,39 +48,44 @@ class DecoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> DecoderConfig:
-        hidden = int(require(d, "hidden_size", where))
-        heads = int(require(d, "num_attention_heads", where))
+        hidden = cf.whole(d, "hidden_size", where)
+        heads = cf.whole(d, "num_attention_heads", where, hi=cf.MAX_COUNT)
+        kv_heads = cf.whole(d, "num_key_value_heads", where, hi=cf.MAX_COUNT)
+        if heads % kv_heads:
+            raise cf.fail(where, "num_key_value_heads", f"a divisor of num_attention_heads ({heads})", kv_heads)
+        head_dim = cf.whole(d, "head_dim", where, default=hidden // heads, null_default=True)
+        if head_dim % 2:  # rotary embeddings turn pairs of channels
+            raise cf.fail(where, "head_dim", "an even number", head_dim)
+        codebook_dim = cf.whole(d, "codebook_dim", where)
+        if codebook_dim % 2:  # each of the two codebook groups stores half of it
+            raise cf.fail(where, "codebook_dim", "an even number", codebook_dim)
+        upsample_rates = cf.whole_list(d, "upsample_rates", where, hi=cf.MAX_COUNT)
+        decoder_dim = cf.whole(d, "decoder_dim", where)
+        if decoder_dim % 2 ** len(upsample_rates):  # each waveform block halves the width
+            raise cf.fail(where, "decoder_dim", f"a multiple of {2 ** len(upsample_rates)} (it halves at each of "
+                                                "the upsample_rates)", decoder_dim)
         cfg = cls(
-            num_quantizers=int(require(d, "num_quantizers", where)),
-            codebook_size=int(require(d, "codebook_size", where)),
-            codebook_dim=int(require(d, "codebook_dim", where)),
-            latent_dim=int(require(d, "latent_dim", where)),
-            decoder_dim=int(require(d, "decoder_dim", where)),
+            num_quantizers=cf.whole(d, "num_quantizers", where, lo=2, hi=cf.MAX_COUNT),
+            codebook_size=cf.whole(d, "codebook_size", where),
+            codebook_dim=codebook_dim,
+            latent_dim=cf.whole(d, "latent_dim", where),
+            decoder_dim=decoder_dim,
             hidden_size=hidden,
-            intermediate_size=int(require(d, "intermediate_size", where)),
-            num_layers=int(require(d, "num_hidden_layers", where)),
+            intermediate_size=cf.whole(d, "intermediate_size", where),
+            num_layers=cf.whole(d, "num_hidden_layers", where, hi=cf.MAX_COUNT),
             num_heads=heads,
-            num_kv_heads=int(require(d, "num_key_value_heads", where)),
-            head_dim=int(d.get("head_dim") or hidden // heads),
-            sliding_window=int(require(d, "sliding_window", where)),
-            rope_theta=float(require(d, "rope_theta", where)),
-            rms_norm_eps=float(require(d, "rms_norm_eps", where)),
-            layer_scale_initial_scale=float(d.get("layer_scale_initial_scale", 0.01)),
-            attention_bias=bool(d.get("attention_bias", False)),
-            hidden_act=str(d.get("hidden_act", "silu")),
-            upsampling_ratios=tuple(int(x) for x in require(d, "upsampling_ratios", where)),
-            upsample_rates=tuple(int(x) for x in require(d, "upsample_rates", where)),
-            num_semantic_quantizers=int(d.get("num_semantic_quantizers", 1)),
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            sliding_window=cf.whole(d, "sliding_window", where),
+            rope_theta=cf.real(d, "rope_theta", where, 1.0, 1e12),
+            rms_norm_eps=cf.real(d, "rms_norm_eps", where, 0.0, 1.0, lo_open=True),
+            layer_scale_initial_scale=cf.real(d, "layer_scale_initial_scale", where, -1e6, 1e6, default=0.01),
+            attention_bias=cf.flag(d, "attention_bias", where, default=False),
+            hidden_act=cf.text(d, "hidden_act", where, ("silu",), default="silu"),
+            upsampling_ratios=cf.whole_list(d, "upsampling_ratios", where, hi=cf.MAX_COUNT),
+            upsample_rates=upsample_rates,
+            num_semantic_quantizers=cf.whole(d, "num_semantic_quantizers", where, lo=1, hi=1, default=1),
         )
-        if cfg.hidden_act != "silu":
-            raise CheckpointError(f"{where}: hidden_act '{cfg.hidden_act}' is not supported (only 'silu' ships).")
-        if cfg.num_semantic_quantizers != 1 or cfg.num_quantizers < 2:
-            raise CheckpointError(
-                f"{where}: expected 1 semantic quantizer and at least 2 quantizers, got "
-                f"{cfg.num_semantic_quantizers} and {cfg.num_quantizers}."
-            )
-        if cfg.num_heads % cfg.num_kv_heads or cfg.codebook_dim % 2 or cfg.decoder_dim % 2 ** len(cfg.upsample_rates):
-            raise CheckpointError(f"{where}: inconsistent widths (heads, codebook_dim or decoder_dim).")
         return cfg
 
 
@@ -97,20 +103,25 @@ class CodecConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "speech_tokenizer/config.json") -> CodecConfig:
-        dec = DecoderConfig.from_dict(require(d, "decoder_config", where), where + " → decoder_config")
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{where} must hold a JSON object. {cf.FIX}")
+        dec = DecoderConfig.from_dict(cf.section(d, "decoder_config", where), where + " → decoder_config")
+        rate = lambda key: cf.whole(d, key, where, lo=SAMPLE_RATE, hi=SAMPLE_RATE)
         cfg = cls(
-            input_sample_rate=int(require(d, "input_sample_rate", where)),
-            output_sample_rate=int(require(d, "output_sample_rate", where)),
-            decode_upsample_rate=int(require(d, "decode_upsample_rate", where)),
-            encode_downsample_rate=int(require(d, "encode_downsample_rate", where)),
-            encoder_valid_num_quantizers=int(require(d, "encoder_valid_num_quantizers", where)),
+            input_sample_rate=rate("input_sample_rate"),
+            output_sample_rate=rate("output_sample_rate"),
+            decode_upsample_rate=cf.whole(d, "decode_upsample_rate", where, lo=SAMPLES_PER_FRAME, hi=SAMPLES_PER_FRAME),
+            encode_downsample_rate=cf.whole(d, "encode_downsample_rate", where, lo=SAMPLES_PER_FRAME,
+                                            hi=SAMPLES_PER_FRAME),
+            encoder_valid_num_quantizers=cf.whole(d, "encoder_valid_num_quantizers", where, hi=dec.num_quantizers),
             decoder=dec,
-            encoder=dict(d.get("encoder_config") or {}),
+            encoder=dict(cf.section(d, "encoder_config", where, default={}) or {}),
         )
         if dec.samples_per_frame != cfg.decode_upsample_rate:
             raise CheckpointError(
-                f"{where}: decode_upsample_rate {cfg.decode_upsample_rate} does not match the decoder's "
-                f"upsampling product {dec.samples_per_frame} (upsampling_ratios × upsample_rates)."
+                f"{where}: fields 'decoder_config.upsampling_ratios' and 'decoder_config.upsample_rates' multiply "
+                f"to {dec.samples_per_frame} samples a frame, but decode_upsample_rate is "
+                f"{cfg.decode_upsample_rate}. {cf.FIX}"
             )
         return cfg
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from torch.nn import functional as F
 
-from ..config import require
+from .. import config_fields as cf
+from ..config import SAMPLE_RATE
 from ..errors import CheckpointError
 
 WHERE = "speech_tokenizer/config.json → encoder_config"
@@ -46,45 +47,50 @@ class MimiEncoderConfig:
     frame_rate: float
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MimiEncoderConfig":
-        hidden = int(require(d, "hidden_size", WHERE))
-        heads = int(require(d, "num_attention_heads", WHERE))
+    def from_dict(cls, d: dict) -> MimiEncoderConfig:
+        if not isinstance(d, dict):
+            raise cf.fail("speech_tokenizer/config.json", "encoder_config", "a JSON object", d)
+        small = lambda key, hi=cf.MAX_COUNT, **kw: cf.whole(d, key, WHERE, hi=hi, **kw)
+        hidden = cf.whole(d, "hidden_size", WHERE)
+        heads = small("num_attention_heads")
+        head_dim = cf.whole(d, "head_dim", WHERE, default=hidden // heads, null_default=True)
+        if head_dim % 2:  # rotary embeddings turn pairs of channels
+            raise cf.fail(WHERE, "head_dim", "an even number", head_dim)
+        codebook_dim = cf.whole(d, "codebook_dim", WHERE)
+        num_quantizers = small("num_quantizers", lo=2)
         cfg = cls(
-            audio_channels=int(d.get("audio_channels", 1)),
-            num_filters=int(require(d, "num_filters", WHERE)),
-            kernel_size=int(require(d, "kernel_size", WHERE)),
-            residual_kernel_size=int(require(d, "residual_kernel_size", WHERE)),
-            last_kernel_size=int(require(d, "last_kernel_size", WHERE)),
-            num_residual_layers=int(require(d, "num_residual_layers", WHERE)),
-            dilation_growth_rate=int(require(d, "dilation_growth_rate", WHERE)),
-            compress=int(require(d, "compress", WHERE)),
-            upsampling_ratios=tuple(int(r) for r in require(d, "upsampling_ratios", WHERE)),
-            pad_mode=str(d.get("pad_mode", "constant")),
-            use_conv_shortcut=bool(d.get("use_conv_shortcut", False)),
+            audio_channels=small("audio_channels", lo=1, hi=1, default=1),
+            num_filters=cf.whole(d, "num_filters", WHERE),
+            kernel_size=small("kernel_size"),
+            residual_kernel_size=small("residual_kernel_size"),
+            last_kernel_size=small("last_kernel_size"),
+            num_residual_layers=small("num_residual_layers"),
+            dilation_growth_rate=small("dilation_growth_rate"),
+            compress=small("compress"),
+            upsampling_ratios=cf.whole_list(d, "upsampling_ratios", WHERE, hi=cf.MAX_COUNT),
+            pad_mode=cf.text(d, "pad_mode", WHERE, ("constant", "replicate", "reflect"), default="constant"),
+            use_conv_shortcut=cf.flag(d, "use_conv_shortcut", WHERE, default=False),
             hidden_size=hidden,
-            num_layers=int(require(d, "num_hidden_layers", WHERE)),
+            num_layers=small("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
-            intermediate_size=int(require(d, "intermediate_size", WHERE)),
-            hidden_act=str(d.get("hidden_act", "gelu")),
-            norm_eps=float(d.get("norm_eps", 1e-5)),
-            rope_theta=float(d.get("rope_theta", 10000.0)),
-            attention_bias=bool(d.get("attention_bias", False)),
-            num_quantizers=int(require(d, "num_quantizers", WHERE)),
-            num_semantic_quantizers=int(d.get("num_semantic_quantizers", 1)),
-            codebook_size=int(require(d, "codebook_size", WHERE)),
-            codebook_dim=int(require(d, "codebook_dim", WHERE)),
-            vq_hidden_dim=int(d.get("vector_quantization_hidden_dimension") or require(d, "codebook_dim", WHERE)),
-            sampling_rate=int(d.get("sampling_rate", 24000)),
-            frame_rate=float(require(d, "frame_rate", WHERE)),
+            num_kv_heads=small("num_key_value_heads", default=heads, null_default=True),
+            head_dim=head_dim,
+            intermediate_size=cf.whole(d, "intermediate_size", WHERE),
+            hidden_act=cf.text(d, "hidden_act", WHERE, tuple(ACTIVATIONS), default="gelu"),
+            norm_eps=cf.real(d, "norm_eps", WHERE, 0.0, 1.0, lo_open=True, default=1e-5),
+            rope_theta=cf.real(d, "rope_theta", WHERE, 1.0, 1e12, default=10000.0),
+            attention_bias=cf.flag(d, "attention_bias", WHERE, default=False),
+            num_quantizers=num_quantizers,
+            num_semantic_quantizers=small("num_semantic_quantizers", hi=num_quantizers - 1, default=1),
+            codebook_size=cf.whole(d, "codebook_size", WHERE),
+            codebook_dim=codebook_dim,
+            vq_hidden_dim=cf.whole(d, "vector_quantization_hidden_dimension", WHERE, default=codebook_dim,
+                                   null_default=True),
+            sampling_rate=cf.whole(d, "sampling_rate", WHERE, lo=SAMPLE_RATE, hi=SAMPLE_RATE, default=SAMPLE_RATE),
+            frame_rate=cf.real(d, "frame_rate", WHERE, 0.0, SAMPLE_RATE, lo_open=True),
         )
-        if not d.get("use_causal_conv", True):
+        if not cf.flag(d, "use_causal_conv", WHERE, default=True):
             raise CheckpointError(f"{WHERE}: use_causal_conv false is not supported (the shipped codec is causal).")
-        if cfg.hidden_act not in ACTIVATIONS:
-            raise CheckpointError(f"{WHERE}: hidden_act '{cfg.hidden_act}' is not supported ({', '.join(ACTIVATIONS)}).")
-        if cfg.pad_mode not in ("constant", "replicate", "reflect"):
-            raise CheckpointError(f"{WHERE}: pad_mode '{cfg.pad_mode}' is not supported.")
         if cfg.num_heads % cfg.num_kv_heads:
             raise CheckpointError(f"{WHERE}: num_attention_heads must be a multiple of num_key_value_heads.")
         if abs(cfg.encoder_rate / cfg.frame_rate - 2.0) > 1e-9:

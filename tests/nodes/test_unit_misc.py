@@ -93,8 +93,10 @@ def test_checkpoint_speakers_and_codec_choices(tmp_path):
         return str(d)
 
     found = {
-        "sft": ckpt("sft", {"tts_model_type": "custom_voice", "talker_config": {"spk_id": {"My_Speaker": 3000}}}),
-        "cv": ckpt("cv", {"tts_model_type": "custom_voice", "talker_config": {"spk_id": {"ryan": 3061, "x": 3001}}},
+        "sft": ckpt("sft", {"tts_model_type": "custom_voice", "talker_config": {"vocab_size": 3072,
+                                                                             "spk_id": {"My_Speaker": 3000}}}),
+        "cv": ckpt("cv", {"tts_model_type": "custom_voice", "talker_config": {"vocab_size": 3072,
+                                                                           "spk_id": {"ryan": 3061, "x": 3001}}},
                    codec=True),
         "base": ckpt("base", {"tts_model_type": "base", "talker_config": {"spk_id": {"hidden": 1}}}, codec=True),
         "broken": ckpt("broken", {}),
