@@ -1,4 +1,4 @@
-"""Issue 13, item 1 on the device path: every engine-API case of tests/support/bad_inputs.py against CUDA
+"""Bad input on the device path: every engine-API case of tests/support/bad_inputs.py against CUDA
 engines with graphs on (bf16, Triton kernels where available).
 
 A bad value must be refused before anything reaches the device: a reference code outside the codebook or a

@@ -1,4 +1,4 @@
-"""Issue 13 on the GPU (tiny checkpoints, bf16, CUDA graphs on, Triton kernels where available):
+"""Reliability on the GPU (tiny checkpoints, bf16, CUDA graphs on, Triton kernels where available):
 
 * soak: mixed generations (CustomVoice, VoiceDesign, x-vector and ICL clone; takes; streaming) keep
   allocated and reserved CUDA memory flat after warm-up;

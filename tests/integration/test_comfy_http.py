@@ -1,4 +1,4 @@
-"""Issue 13 item 6, over HTTP in a real headless ComfyUI (as tests/integration/test_e2e_http.py starts it):
+"""Reliability over HTTP in a real headless ComfyUI (as tests/integration/test_e2e_http.py starts it):
 
 * bad widget values are refused with an error naming the widget, and the server stays up;
 * voice names with '../', absolute paths, backslashes, NUL, 300 characters (typed, or linked from a String

@@ -1,4 +1,4 @@
-"""Issue 13, item 1: every bad-input class of tests/support/bad_inputs.py through the engine API, the CLI
+"""Every bad-input class of tests/support/bad_inputs.py through the engine API, the CLI
 (`python -m engine synth`, in process) and the ComfyUI nodes (called directly, in a real in-process ComfyUI).
 
 Each case must end in a typed project error (engine/errors.py; for nodes anywhere in the exception chain)

@@ -1,4 +1,4 @@
-"""Issue 13 item 5: 2-4 threads share one engine. Calls are serialised inside the engine (engine/engine_lock.py),
+"""Concurrency: 2-4 threads share one engine. Calls are serialised inside the engine (engine/engine_lock.py),
 so every concurrent result equals the sequential one; callers that cannot be served get EngineBusyError."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13, item 2: property-based fuzzing with hypothesis. Every exception must be a typed project error.
+"""Property-based fuzzing with hypothesis. Every exception must be a typed project error.
 
 Targets: text through the tokenizer, the prompt builder and the sentence splitter; bytes through the voice
 loader (and on to the prompt builder); arrays through reference preparation; bytes through the WAV reader.

@@ -1,4 +1,4 @@
-"""Issue 13 item 4: 50 runs interrupted at random frames, streaming and not, through every way the nodes wire
+"""Interrupts: 50 runs interrupted at random frames, streaming and not, through every way the nodes wire
 ComfyUI's interrupt into the engine (nodes/runner.py):
 
 * should_stop=mm.processing_interrupted: the decode loop checks it before every frame -> GenerationInterrupted;

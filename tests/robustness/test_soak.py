@@ -1,4 +1,4 @@
-"""Issue 13 item 3: soak in one process, CPU, tiny checkpoints.
+"""Soak in one process, CPU, tiny checkpoints.
 
 * 300 generations mixing CustomVoice, VoiceDesign, x-vector and ICL clone, 1-3 takes, whole and streamed;
 * 50 load/release cycles through the node-side engine cache (nodes/engine_cache.py), half released by the

@@ -1,4 +1,4 @@
-"""Issue 13, item 7: static checks in CI.
+"""Static checks in CI.
 
 * `ruff check --select S` (flake8-bandit) over the shipped code, with reasoned per-line exceptions only;
 * an AST scan: no pickle, no torch.load without weights_only=True, no eval/exec, no shell=True (and the

@@ -1,4 +1,4 @@
-"""The bad-input classes of issue 13, item 1, written once and run through every surface that can express
+"""The bad-input classes, written once and run through every surface that can express
 them (tests/robustness/test_bad_input_classes.py): the engine API, the CLI and the ComfyUI nodes.
 
 A case is one value of one class. `expect` is "error" (a typed project error whose message matches `hint`,
