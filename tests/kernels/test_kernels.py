@@ -543,6 +543,11 @@ def test_sample_codebook0_rows_at_their_own_frames():
     st.check_sample_penalty(DEV, 6, t=0, min_new=3, per_row=True)  # rows 0-2 still mask EOS, rows 3-5 not
 
 
+@pytest.mark.parametrize("penalty", [True, False])
+def test_sample_rows_with_settings_of_their_own(penalty):
+    st.check_sample_per_row_settings(DEV, penalty=penalty)
+
+
 @pytest.mark.parametrize("width", [40, 1100])
 def test_sample_returns_embedding_rows(width):
     """embed=table: the same ids, and the table's rows at them (a row wider than one 1024 block too)."""
