@@ -159,34 +159,34 @@ class EagerFrames:
         self.finished[device_longs(slots, self.hidden.device)] = True
 
     def _by_settings(self, pick) -> torch.Tensor:
-        """pick(params, slots) -> ids [len(slots)] for the slots sampling with `params` (slots None: every slot,
-        the usual case of one setting, run as one batch); the ids of every slot. Each row's sampling reads
-        only its own row, so a group's rows pick as they would alone."""
+        """pick(params, slots, index) -> ids [len(slots)] for the slots sampling with `params` (slots and index
+        None: every slot, the usual case of one setting, run as one batch); the ids of every slot. Each row's
+        sampling reads only its own row, so a group's rows pick as they would alone."""
         if self.groups is None:
             by = {}
             for s, p in enumerate(self.slot_params):
                 by.setdefault(p, []).append(s)
-            self.groups = [(p, None) for p in by] if len(by) == 1 else list(by.items())
+            self.groups = [(p, None, None) for p in by] if len(by) == 1 else \
+                [(p, slots, device_longs(slots, self.hidden.device)) for p, slots in by.items()]
         out = None
-        for p, slots in self.groups:
+        for p, slots, index in self.groups:
             if slots is None:
-                return pick(p, None)
-            ids = pick(p, slots)
+                return pick(p, None, None)
+            ids = pick(p, slots, index)
             if out is None:
                 out = torch.empty(len(self.slot_params), dtype=ids.dtype, device=ids.device)
-            out[device_longs(slots, ids.device)] = ids
+            out[index] = ids
         return out
 
     def _choose_c0(self, steps: list, t: torch.Tensor) -> torch.Tensor:
         logits = self.talker.codec_logits(self.hidden).float()
 
-        def pick(p, slots):
-            rows = slice(None) if slots is None else device_longs(slots, logits.device)
+        def pick(p, slots, rows):
             mine = steps if slots is None else [steps[s] for s in slots]
-            lg = sampling.penalize_repeats(logits[rows], self.seen[rows], p.repetition_penalty)
+            lg = sampling.penalize_repeats(_rows(logits, rows), _rows(self.seen, rows), p.repetition_penalty)
             early = torch.tensor([s < p.min_new_tokens for s in mine], device=lg.device)
             lg = lg.masked_fill(torch.where(early[:, None], self.banned_early, self.banned), float("-inf"))
-            u = sampling.uniforms(self.keys[rows], t[rows], 0, lg.shape[-1]) if p.do_sample else None
+            u = sampling.uniforms(_rows(self.keys, rows), _rows(t, rows), 0, lg.shape[-1]) if p.do_sample else None
             return sampling.choose(lg, p.do_sample, p.temperature, p.top_k, p.top_p, u)
 
         return self._by_settings(pick)
@@ -199,10 +199,10 @@ class EagerFrames:
         self.finished |= c0 == self.eos_id
 
         def choose_residual(logits, j):  # codebook j of frame t
-            def pick(p, slots):
-                rows = slice(None) if slots is None else device_longs(slots, logits.device)
-                lg = logits[rows]
-                u = sampling.uniforms(self.keys[rows], t[rows], j, lg.shape[-1]) if p.subtalker_dosample else None
+            def pick(p, slots, rows):
+                lg = _rows(logits, rows)
+                u = sampling.uniforms(_rows(self.keys, rows), _rows(t, rows), j, lg.shape[-1]) \
+                    if p.subtalker_dosample else None
                 return sampling.choose(lg, p.subtalker_dosample, p.subtalker_temperature, p.subtalker_top_k,
                                        p.subtalker_top_p, u)
 
@@ -220,6 +220,11 @@ class EagerFrames:
         start = positions[0] if len(set(positions)) == 1 else positions  # one shared position: one batched step
         self.hidden = self.talker.forward_hidden(x[:, None], self.cache, start)[:, 0]
         return frame, valid
+
+
+def _rows(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """Rows `index` of x (None: x itself, the usual case of one sampling setting for every slot)."""
+    return x if index is None else x[index]
 
 
 def _admit(runner, host: SlotTable, source, device, limit: int = 0) -> list:

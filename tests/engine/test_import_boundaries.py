@@ -120,7 +120,7 @@ LAYER_OF = {
     "engine.text_tokenizer": "model", "engine.slots": "model", "engine.host_audio": "model",
     "engine.gpu": "gpu",
     "engine.decode": "decode", "engine.row_source": "decode", "engine.finished_flags": "decode",
-    "engine.scheduler": "engine",
+    "engine.scheduler": "engine", "engine.ticket": "engine",
     "engine.cli": "cli", "engine.__main__": "cli",
 }
 
