@@ -227,3 +227,62 @@ def test_bad_submissions_raise_at_once(no_eos):
         assert s.stats()["waiting"] == 0
     with pytest.raises(InvalidInputError, match="max_queue"):
         Scheduler(no_eos, max_queue=0)
+
+
+def test_graph_frame_body_under_the_scheduler(eos_checkpoint):
+    """The graph runner's frame body, run uncaptured on the CPU, under the scheduler: rows of other settings take
+    over slots that other settings held (its [slots] settings tables), a cancelled row stops (retire), and every
+    request that ran to its end equals itself generated alone on the eager runner."""
+    from engine.gpu.frame_graph import GraphedFrames
+
+    eager = Engine.load(eos_checkpoint, device="cpu", dtype="fp32")
+    graph = Engine.load(eos_checkpoint, device="cpu", dtype="fp32")
+    graph.runner = GraphedFrames(graph.talker, graph.config.max_seq_len, capture=False)
+    p = graph.defaults.replace(max_new_tokens=24)
+    jobs = [(_custom("Sampled, two takes."), {"takes": 2, "seed": 1, "params": p}),
+            (_custom("Greedy.", speaker="vivian"), {"seed": 2, "params": p.greedy()}),
+            (_custom("Hot and narrow."), {"seed": 3, "params": p.replace(temperature=1.5, top_p=0.7, top_k=0)}),
+            (_custom("Penalised, late EOS."), {"seed": 4, "params": p.replace(repetition_penalty=1.7,
+                                                                               min_new_tokens=10)}),
+            (_custom("Predictor greedy."), {"takes": 2, "seed": 5, "params": p.replace(subtalker_dosample=False)})]
+    with Scheduler(graph, max_rows=3, chunk_frames=3) as s:
+        gone = s.submit(_custom("Cancelled after its first chunk."), takes=2, seed=9, params=p.greedy())
+        tickets = [s.submit(what, **kw) for what, kw in jobs]
+        next(iter(gone))
+        gone.cancel()
+        results = [_collect(t) for t in tickets]
+    assert gone.cancelled and len({t.admitted_at for t in tickets}) >= 3
+    for job, got in zip(jobs, results):
+        _assert_equals_alone(eager, job, got)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_row_given_up_ends_at_that_boundary(no_eos, graph):
+    """decode_rows with a source that gives row 0 up after its second chunk: the row ends in that chunk, its slot
+    stops as a finished (empty) one, and the row waiting for a slot takes it at the same boundary."""
+    from engine.decode import EagerFrames, Row, decode_rows
+    from engine.gpu.frame_graph import GraphedFrames
+    from engine.row_source import FixedRows
+
+    class GivesUp(FixedRows):
+        boundaries = 0
+
+        def dropped(self):
+            self.boundaries += 1
+            return {0} if self.boundaries == 2 else set()
+
+    p = no_eos.defaults.replace(max_new_tokens=30)
+    rows = []
+    for k, text in enumerate(["Given up.", "Runs on.", "Waits for a slot."]):
+        prompt, _, frames = no_eos.prepare(_custom(text), 1, p)
+        rows.append(Row(prompt, k, frames))
+    runner = GraphedFrames(no_eos.talker, no_eos.config.max_seq_len, capture=False) if graph \
+        else EagerFrames(no_eos.talker)
+    seen = []
+    for chunk in decode_rows(runner, GivesUp(rows), slots=2, params=p, eos_id=no_eos.cfg.talker.codec_eos_id,
+                             chunk_frames=3):
+        seen.append((chunk.rows, chunk.ended, int(chunk.valid[0].sum())))
+        if len(seen) == 2:
+            assert chunk.ended == (0,) and bool(runner.finished[0])  # stopped, before the next row is admitted
+    assert seen[1] == ((0, 1), (0,), 3) and seen[2][0] == (2, 1)
+    assert sum(v for held, _, v in seen if held[0] == 0) == 6  # its frames end with the chunk it was given up in
