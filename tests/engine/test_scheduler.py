@@ -286,3 +286,61 @@ def test_a_row_given_up_ends_at_that_boundary(no_eos, graph):
             assert chunk.ended == (0,) and bool(runner.finished[0])  # stopped, before the next row is admitted
     assert seen[1] == ((0, 1), (0,), 3) and seen[2][0] == (2, 1)
     assert sum(v for held, _, v in seen if held[0] == 0) == 6  # its frames end with the chunk it was given up in
+
+
+def test_many_callers_with_cancels_leave_nothing_behind(custom):
+    """Four threads submit 24 requests of random takes, lengths, speakers and sampling (retrying while the queue
+    is full); some cancel after a chunk, some at once. Every request that ran to its end equals itself
+    generated alone, and once the last cancelled rows have left, the scheduler holds no row, ticket or
+    reference."""
+    import random
+    import threading
+    import time
+
+    p = custom.defaults.replace(max_new_tokens=16)
+    settings = [p, p.greedy(), p.replace(temperature=1.2, top_k=10), p.replace(top_p=0.7)]
+    done, errors = [], []
+
+    def caller(k):
+        rng = random.Random(k)
+        for n in range(6):
+            seed = 10 * k + n
+            job = (_custom(f"Caller {k}, line {n}" + " more" * rng.randrange(4),
+                           speaker=rng.choice(["ryan", "vivian"])),
+                   {"takes": rng.choice([1, 1, 2]), "seed": seed, "params": rng.choice(settings)})
+            while True:
+                try:
+                    ticket = s.submit(job[0], **job[1])
+                    break
+                except QueueFullError:
+                    time.sleep(0.05)
+            fate = rng.random()
+            try:
+                if fate < 0.15:
+                    ticket.cancel()  # most likely still waiting
+                elif fate < 0.35:
+                    for i, _ in enumerate(ticket):
+                        if i == 1:
+                            ticket.cancel()
+                            break
+                else:
+                    done.append((job, _collect(ticket)))
+            except Exception as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+    with Scheduler(custom, max_rows=4, max_queue=3, chunk_frames=2) as s:
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        deadline = time.monotonic() + 30
+        while s.stats()["running"] and time.monotonic() < deadline:  # cancelled rows leave at the next boundary
+            time.sleep(0.01)
+        stats = s.stats()
+        assert (stats["waiting"], stats["running"], stats["rows"]) == (0, 0, 0)
+        assert not (s._rows or s._refs or s._owner or s._live or s._dropped)
+    assert errors == []
+    assert len(done) >= 12
+    for job, got in done:
+        _assert_equals_alone(custom, job, got)
