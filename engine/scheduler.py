@@ -16,6 +16,7 @@ stream() calls still run (and the scheduler waits for them).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import torch
@@ -72,7 +73,7 @@ class Scheduler:
         into chunks of at least that many frames; `first_chunk_frames` (1..the scheduler's chunk_frames,
         0 = off) shortens the loop's chunk after the request joins, for earlier first audio.
         Raises QueueFullError when max_queue requests wait already, SchedulerClosedError after close()."""
-        max_new_tokens = None
+        t0, max_new_tokens = time.perf_counter(), None
         if checks.same_kind(what, BatchItem):
             if (takes, seed, first_take) != (1, 0, 0):
                 raise InvalidInputError("submit: with a BatchItem, takes, seed and first_take are set on the item.")
@@ -89,7 +90,7 @@ class Scheduler:
             prompt, params, max_frames = self.engine.prepare(what, takes, params, first_take, max_new_tokens, seed)
         keys = sampling.take_keys(seed, range(first_take, first_take + takes), "cpu").tolist()
         guess = min(max_frames, expected_frames(what.text))
-        ticket = Ticket(takes, gather, self._cancel)
+        ticket = Ticket(takes, gather, self._cancel, t0)
         with self._cond:
             self._check_room()
             ids = list(range(self._next_row, self._next_row + takes))

@@ -27,12 +27,12 @@ class Ticket:
     boundary at which the request's rows joined the loop (None while it waits), `cancelled_at` the boundary
     count when it was cancelled (its rows leave at the next one)."""
 
-    def __init__(self, takes: int, chunk_frames: int, cancel_hook):
+    def __init__(self, takes: int, chunk_frames: int, cancel_hook, t0: float | None = None):
         self.takes = takes
         self.admitted_at = self.cancelled_at = None
         self._chunk_frames = chunk_frames  # a chunk gathers the loop's chunks until it has this many frames
         self._cancel_hook = cancel_hook  # tells the scheduler: free this ticket's rows
-        self._t0 = time.perf_counter()
+        self._t0 = time.perf_counter() if t0 is None else t0  # when the request was submitted
         self._cond = threading.Condition()
         self._ready: deque = deque()
         self._open_takes = takes
