@@ -153,7 +153,7 @@ def test_rows_with_their_own_sampling_equal_each_alone(custom, graph):
            base.replace(subtalker_dosample=False, top_k=5), None]  # None: the loop's settings (base)
     rows = []
     for k, (item, p) in enumerate(zip(custom_items(), own)):
-        prompt, _, frames = custom.prepare(item.request, 1, p, max_new_tokens=item.max_new_tokens)
+        prompt, _, frames = custom.prepare(item.request, 1, p or base, max_new_tokens=item.max_new_tokens)
         rows.append(Row(prompt, 2000 + k, frames, params=p))
 
     def run(rows, params, slots):
