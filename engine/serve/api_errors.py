@@ -2,8 +2,7 @@
 status and body of each exception a request can end with."""
 from __future__ import annotations
 
-from ..errors import EngineBusyError, Qwen3TTSError
-from .backend import QueueFullError
+from ..errors import EngineBusyError, QueueFullError, Qwen3TTSError
 
 
 class FieldError(Exception):

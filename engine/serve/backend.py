@@ -14,15 +14,11 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from ..errors import GenerationInterrupted, Qwen3TTSError
+from ..errors import GenerationInterrupted, QueueFullError
 
 log = logging.getLogger(__name__)
 
 _END = object()  # the last item of every Ticket
-
-
-class QueueFullError(Qwen3TTSError):
-    """Too many requests are waiting for the engine; nothing was queued. Try again shortly."""
 
 
 class Ticket:
