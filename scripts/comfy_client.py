@@ -31,7 +31,7 @@ CHECKPOINTS = {  # folder name used by the example workflows -> model type
     "Qwen3-TTS-12Hz-0.6B-Base": "base",
 }
 TEST_MAX_NEW_TOKENS = 12  # tiny random checkpoints never emit EOS: cap every segment at 12 frames (0.96 s)
-REFERENCE_WAV = "qwen3tts_reference.flac"
+REFERENCE_AUDIO = "qwen3tts_reference.ogg"
 
 
 def install_test_checkpoints(models_dir: Path, max_new_tokens: int = TEST_MAX_NEW_TOKENS) -> list[Path]:
@@ -54,8 +54,8 @@ def install_test_checkpoints(models_dir: Path, max_new_tokens: int = TEST_MAX_NE
 
 def install_reference_audio(input_dir: Path) -> Path:
     input_dir.mkdir(parents=True, exist_ok=True)
-    dst = input_dir / REFERENCE_WAV
-    shutil.copyfile(PACK / "example_workflows" / REFERENCE_WAV, dst)
+    dst = input_dir / REFERENCE_AUDIO
+    shutil.copyfile(PACK / "example_workflows" / REFERENCE_AUDIO, dst)
     return dst
 
 

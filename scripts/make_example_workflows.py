@@ -81,14 +81,14 @@ WORKFLOWS = {
     "qwen3tts_voice_clone_xvector": {
         "nodes": {
             1: {"type": P + "LoadQwen3TTS", "widgets": {"checkpoint": "Qwen3-TTS-12Hz-0.6B-Base", **LOADER}},
-            2: {"type": "LoadAudio", "widgets": {"audio": "qwen3tts_reference.flac"}},
+            2: {"type": "LoadAudio", "widgets": {"audio": "qwen3tts_reference.ogg"}},
             3: {"type": P + "ExtractSpeakerEmbedding", "widgets": {"batch_index": 0, "ref_text": ""}},
             4: {"type": P + "VoiceClone", "widgets": {"text": "This sentence is spoken in the cloned voice.",
                                                       "language": "English", "seed": 3, "takes": 2}},
             5: {"type": P + "PickTake", "widgets": {"index": 0}},
             6: {"type": "SaveAudio", "widgets": {"filename_prefix": "qwen3tts/clone_xvector"}},
             7: note("x-vector cloning: only the speaker embedding of the reference is used (ref_text empty). "
-                    "Copy example_workflows/qwen3tts_reference.flac to ComfyUI/input/ or load your own clip. " + FIXED),
+                    "Copy example_workflows/qwen3tts_reference.ogg to ComfyUI/input/ or load your own clip. " + FIXED),
         },
         "links": [(1, 0, 3, "model"), (2, 0, 3, "audio"), (1, 0, 4, "model"), (3, 0, 4, "voice"),
                   (4, 0, 5, "audio"), (5, 0, 6, "audio")],
@@ -96,7 +96,7 @@ WORKFLOWS = {
     "qwen3tts_voice_clone_icl": {
         "nodes": {
             1: {"type": P + "LoadQwen3TTS", "widgets": {"checkpoint": "Qwen3-TTS-12Hz-0.6B-Base", **LOADER}},
-            2: {"type": "LoadAudio", "widgets": {"audio": "qwen3tts_reference.flac"}},
+            2: {"type": "LoadAudio", "widgets": {"audio": "qwen3tts_reference.ogg"}},
             3: {"type": P + "ExtractSpeakerEmbedding", "widgets": {"batch_index": 0, "ref_text": REF_TEXT}},
             4: {"type": P + "VoiceClone", "widgets": {"text": "With the transcript, the clone follows the reference "
                                                               "more closely.", "language": "English", "seed": 5,
@@ -111,7 +111,7 @@ WORKFLOWS = {
     "qwen3tts_save_and_load_voice": {
         "nodes": {
             1: {"type": P + "LoadQwen3TTS", "widgets": {"checkpoint": "Qwen3-TTS-12Hz-0.6B-Base", **LOADER}},
-            2: {"type": "LoadAudio", "widgets": {"audio": "qwen3tts_reference.flac"}},
+            2: {"type": "LoadAudio", "widgets": {"audio": "qwen3tts_reference.ogg"}},
             3: {"type": P + "ExtractSpeakerEmbedding", "widgets": {"batch_index": 0, "ref_text": REF_TEXT}},
             4: {"type": P + "SaveVoice", "widgets": {"name": "qwen3tts_example_voice", "overwrite": True}},
             5: {"type": P + "LoadVoice", "widgets": {"voice_name": "qwen3tts_example_voice"}},
@@ -214,7 +214,7 @@ def build(spec: dict, object_info: dict) -> dict:
 def main(object_info_path: str) -> None:
     object_info = json.loads(Path(object_info_path).read_text())
     for name, spec in WORKFLOWS.items():
-        (OUT / f"{name}.json").write_text(json.dumps(build(spec, object_info), indent=2) + "\n")
+        (OUT / f"{name}.json").write_text(json.dumps(build(spec, object_info), separators=(",", ":")) + "\n")
         print("wrote", OUT / f"{name}.json")
 
 

@@ -29,8 +29,7 @@ from cdp import Page, close_tab, new_tab, page_ws_url, start_chromium  # noqa: E
 
 FOLDER = "qwen3-tts-fast"
 THUMB = (480, 300)
-README_CROPS = {"takes_widget": ("qwen3tts_custom_voice_takes", "Qwen3TTSFast_PickTake"),
-                "streaming_player": ("qwen3tts_streaming", "Qwen3TTSFast_StreamChunks")}
+README_CROPS = {"takes_widget": ("qwen3tts_custom_voice_takes", "Qwen3TTSFast_PickTake")}
 
 
 def _finished(comfy, before: set, timeout: float = 300) -> dict:

@@ -92,7 +92,7 @@ def _stream(seed, **kw):
 def _voice(name=None, linked=False, seed=0, **extract):
     """Base loader -> LoadAudio -> ExtractSpeakerEmbedding -> SaveVoice(name)."""
     p = {"1": _loader(BASE),
-         "2": {"class_type": "LoadAudio", "inputs": {"audio": "qwen3tts_reference.flac"}},
+         "2": {"class_type": "LoadAudio", "inputs": {"audio": "qwen3tts_reference.ogg"}},
          "3": {"class_type": P + "ExtractSpeakerEmbedding",
                "inputs": {"model": ["1", 0], "audio": ["2", 0], "batch_index": 0, "ref_text": f"Seed {seed}.",
                           **extract}},

@@ -315,7 +315,7 @@ def test_blend_voices_node_mixes_xvector_and_icl_and_saves(server):
               "max_takes": 4}
     prompt = {
         "1": {"class_type": "Qwen3TTSFast_LoadQwen3TTS", "inputs": loader},
-        "2": {"class_type": "LoadAudio", "inputs": {"audio": "qwen3tts_reference.flac"}},
+        "2": {"class_type": "LoadAudio", "inputs": {"audio": "qwen3tts_reference.ogg"}},
         "3": {"class_type": "Qwen3TTSFast_ExtractSpeakerEmbedding",
               "inputs": {"model": ["1", 0], "audio": ["2", 0], "batch_index": 0, "ref_text": ""}},
         "4": {"class_type": "Qwen3TTSFast_ExtractSpeakerEmbedding",
@@ -344,7 +344,7 @@ def test_script_on_a_base_model_with_xvector_and_icl_voices_and_split_lines(serv
     lines = ["Ava: One short line.", "Ben: A longer line. It has two sentences, and a clause or two."]
     prompt = {
         "1": {"class_type": "Qwen3TTSFast_LoadQwen3TTS", "inputs": loader},
-        "2": {"class_type": "LoadAudio", "inputs": {"audio": "qwen3tts_reference.flac"}},
+        "2": {"class_type": "LoadAudio", "inputs": {"audio": "qwen3tts_reference.ogg"}},
         "3": {"class_type": "Qwen3TTSFast_ExtractSpeakerEmbedding",
               "inputs": {"model": ["1", 0], "audio": ["2", 0], "batch_index": 0, "ref_text": ""}},
         "4": {"class_type": "Qwen3TTSFast_ExtractSpeakerEmbedding",
