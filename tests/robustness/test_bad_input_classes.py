@@ -243,17 +243,6 @@ def run_node(case, ctx, n):
     return n["VoiceClone"].execute(voice=p.get("voice", n["voice"]), **call)
 
 
-def _typed(exc) -> BaseException | None:
-    """The first project error in exc's chain (the nodes wrap engine errors with the node's name)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if any(c.__name__ == "Qwen3TTSError" for c in type(exc).__mro__):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 @pytest.mark.parametrize("case", _cases("node"))
 def test_nodes(ctx, nodes, case, monkeypatch):
     import server
@@ -265,7 +254,7 @@ def test_nodes(ctx, nodes, case, monkeypatch):
         return
     with pytest.raises(Exception) as err:
         run_node(case, ctx, nodes)
-    typed = _typed(err.value)
+    typed = B.project_error(err.value)
     assert typed is not None, f"{case.id}: untyped {type(err.value).__name__}: {err.value}"
     _check_error(case, err.value, "node")
     OUTCOMES[(case.cls, case.variant, "node")] = type(typed).__name__

@@ -30,6 +30,7 @@ from engine import Engine, Request, Voice, blend_voices, cli
 from engine.errors import InvalidInputError, VoiceError
 from tests.support import comfy_nodes
 from tests.support._q3support import need
+from tests.support.bad_inputs import project_error
 
 OUTCOMES: dict[tuple[str, str], int] = {}  # (class, surface) -> cases run
 INVISIBLE = {"zero-width space": "\u200b\u200b", "direction marks": "\u200e\u200f", "byte-order mark": "\ufeff",
@@ -45,21 +46,10 @@ def _count(cls: str, surface: str, n: int = 1) -> None:
     OUTCOMES[(cls, surface)] = OUTCOMES.get((cls, surface), 0) + n
 
 
-def _typed(exc) -> BaseException | None:
-    """The first project error in exc's chain (the nodes wrap engine errors with the node's name)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if any(c.__name__ == "Qwen3TTSError" for c in type(exc).__mro__):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 def _refused(fn, words: str):
     with pytest.raises(Exception) as err:
         fn()
-    assert _typed(err.value) is not None, f"untyped {type(err.value).__name__}: {err.value}"
+    assert project_error(err.value) is not None, f"untyped {type(err.value).__name__}: {err.value}"
     assert re.search(words, str(err.value), re.IGNORECASE | re.DOTALL), str(err.value)
     return err.value
 

@@ -26,22 +26,13 @@ import torch
 
 from tests.support import comfy_nodes
 from tests.support._q3support import need
+from tests.support.bad_inputs import project_error
 
 OUTCOMES: dict[str, int] = {"ran": 0, "refused": 0, "left to ComfyUI": 0}
 NODE_MODEL = {"VoiceClone": "base", "ExtractSpeakerEmbedding": "base", "CustomVoice": "custom_voice",
               "StreamChunks": "custom_voice", "Script": "custom_voice", "VoiceDesign": "voice_design",
               "LoadVoice": "base"}
 TAKES = 64  # the AUDIO batches PickTake and ExtractSpeakerEmbedding get: as many items as their index widgets allow
-
-
-def _typed(exc) -> BaseException | None:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if any(c.__name__ == "Qwen3TTSError" for c in type(exc).__mro__):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +174,7 @@ def test_every_numeric_widget_range_is_what_the_engine_accepts(pack, name, monke
                 node.execute(**kw)
                 outcome, message = "ran", ""
             except Exception as exc:  # noqa: BLE001 - classified below
-                typed = _typed(exc)
+                typed = project_error(exc)
                 outcome, message = ("refused" if typed is not None else f"untyped {type(exc).__name__}"), str(exc)
             where = f"{name}.{widget} = {value!r} ({label})"
             if expect == "run" and outcome != "ran":

@@ -291,3 +291,14 @@ case("voice: not a Voice object", "str", "voice", voice="my_voice.safetensors", 
 
 def classes() -> list[str]:
     return list(dict.fromkeys(c.cls for c in CASES))
+
+
+def project_error(exc) -> BaseException | None:
+    """The first project error in exc's chain (the nodes wrap engine errors with the node's name)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any(c.__name__ == "Qwen3TTSError" for c in type(exc).__mro__):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
