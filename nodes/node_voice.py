@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 
 from ..engine import files
@@ -22,6 +23,19 @@ def _check_name(name) -> bool | str:
     except ValueError as exc:
         return str(exc)
     return True
+
+
+def _not_a_file(path: str) -> str | None:
+    """What stands at a voice's path when it is not a regular file (or a link to one), in words; else None."""
+    if os.path.islink(path) and not os.path.exists(path):
+        return "a link to a missing file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # nothing there, or unreadable: files.output_file says which
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return None if stat.S_ISREG(mode) else f"not a regular file (it is {files.kind(mode)})"
 
 
 class ExtractSpeakerEmbedding(io.ComfyNode):
@@ -85,6 +99,10 @@ class SaveVoice(io.ComfyNode):
         saved = fname[: -len(paths.VOICE_EXT)]
         folder = comfy_paths.voice_save_dir()
         path = os.path.join(folder, fname)
+        special = _not_a_file(path)
+        if special:  # the generic advice (a file name inside it) would be a path, which a voice name cannot be
+            raise OutputPathError(f"SaveVoice: the voice file {path} is {special} and is never replaced; choose "
+                                  f"another name, or move it out of {folder}.")
         try:
             os.makedirs(folder, exist_ok=True)
             files.output_file(path, "SaveVoice: the voice file")  # never a directory, FIFO or device, nor a link to one

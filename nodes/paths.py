@@ -50,7 +50,9 @@ def find_checkpoints(roots: list[str]) -> dict[str, str]:
         for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
             rel = os.path.relpath(dirpath, root)
             depth = 0 if rel == "." else rel.count(os.sep) + 1
-            if "config.json" in filenames and rel != ".":
+            # config.json of any kind marks a checkpoint: a damaged one (a directory, a FIFO) is listed so that
+            # choosing it says what is wrong, and its own sub-folders never show up as checkpoints instead
+            if ("config.json" in filenames or "config.json" in dirnames) and rel != ".":
                 found.setdefault(rel.replace(os.sep, "/"), os.path.abspath(dirpath))
                 dirnames[:] = []  # a checkpoint's own subfolders (speech_tokenizer/) are not checkpoints
                 continue

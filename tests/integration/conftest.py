@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support._q3support import ARTIFACTS, PACK, load_script, skip_comfy_tier
+from tests.support._q3support import (
+    ARTIFACTS,
+    COMFYUI_DIR,
+    PACK,
+    comfy_missing,
+    free_port,
+    load_script,
+    need,
+    skip_comfy_tier,
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,6 +46,37 @@ def comfy_base(tmp_path_factory):
     client.install_test_checkpoints(base / "models")
     client.install_reference_audio(base / "input")
     return base
+
+
+@pytest.fixture(scope="module")
+def prepare_base():
+    """What a test module adds to its server's base directory before ComfyUI starts (override it in the module:
+    a fixture of this name returning a function of the base directory)."""
+    return lambda base: None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, prepare_base):
+    """A headless ComfyUI of the module's own, on a fresh base directory: the pack, tiny checkpoints, the reference
+    clip, an empty voices folder and what `prepare_base` adds. The client carries base, proc and port."""
+    need(comfy_missing())
+    client = load_script("comfy_client")
+    base = tmp_path_factory.mktemp("reliability_comfy")
+    (base / "custom_nodes").mkdir()
+    os.symlink(PACK, base / "custom_nodes" / "qwen3-tts-fast")
+    client.install_test_checkpoints(base / "models")
+    client.install_reference_audio(base / "input")
+    (base / "models" / "qwen3_tts" / "voices").mkdir()
+    prepare_base(base)
+    port = free_port()
+    proc = client.start_comfy(Path(COMFYUI_DIR), base, port, base / "comfyui.log")
+    c = client.Comfy(port)
+    try:
+        c.wait_up(proc)
+        c.base, c.proc, c.port = base, proc, port
+        yield c
+    finally:
+        client.stop_comfy(proc)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support._q3support import need
-from tests.support.comfy_inproc import PACK, comfy_missing
 from tests.support.procstats import rss_mb
 
 CUSTOM, DESIGN, BASE = "Qwen3-TTS-12Hz-0.6B-CustomVoice", "Qwen3-TTS-12Hz-1.7B-VoiceDesign", "Qwen3-TTS-12Hz-0.6B-Base"
@@ -24,45 +22,6 @@ P = "Qwen3TTSFast_"
 RSS_GROWTH = 0.10
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _client():
-    import importlib
-    import sys
-
-    scripts = str(PACK / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return importlib.import_module("comfy_client")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    need(comfy_missing())
-    client = _client()
-    base = tmp_path_factory.mktemp("reliability_comfy")
-    (base / "custom_nodes").mkdir()
-    os.symlink(PACK, base / "custom_nodes" / "qwen3-tts-fast")
-    client.install_test_checkpoints(base / "models")
-    client.install_reference_audio(base / "input")
-    (base / "models" / "qwen3_tts" / "voices").mkdir()
-    port = client.free_port() if hasattr(client, "free_port") else _free_port()
-    proc = client.start_comfy(Path(os.environ["COMFYUI_DIR"]), base, port, base / "comfyui.log")
-    c = client.Comfy(port)
-    try:
-        c.wait_up(proc)
-        c.base, c.proc, c.port = base, proc, port
-        yield c
-    finally:
-        client.stop_comfy(proc)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- prompts (API format) --------------------------------------------------------------------------------
