@@ -6,7 +6,7 @@ bench/profile_frame.py sums each kernel's own duration; under programmatic depen
 kernel starts, loads its weights and waits while the previous one runs), so the sums say little about the
 frame. Here the frame graph is replayed under the CUDA profiler and each kernel is charged the time from the
 previous kernel's end to its own end: what the frame would lose without it. The charges add up to the frame.
-Kernels are grouped by name (torch's own kernels as one group). Writes DIR/frame_trace_<size>_b<takes>.json
+Kernels are grouped by name (torch's own kernels as one group). Writes DIR/frame_trace_<size>_b<takes>.json.gz
 with every kernel of the frame in order and prints the table.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main() -> None:
     for r in rows:
         print(f"| {r['kernel']} | {r['count']} | {r['us']} | {r['us_each']} |")
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / f"frame_trace_{args.size}_b{args.takes}.json",
+    write_json(args.out / f"frame_trace_{args.size}_b{args.takes}.json.gz",
                {"device": torch.cuda.get_device_name(), "size": args.size, "takes": args.takes, "graph_ms": ms,
                 "traced_us": span, "charges": rows, "kernels": kernels})
 

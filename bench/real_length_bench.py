@@ -15,7 +15,7 @@ Per mode it reports audio s / wall s, p50/p95 wall per request, p50/p95 first au
 chunk; the whole request when not streaming) and the request overhead = wall - frames x steady ms/frame,
 where the steady ms/frame of each engine is (wall(450 frames) - wall(50 frames)) / 400, medians of 3,
 measured warm in the same process after the script (the walls are kept in the JSON; `_steady` says why
-this span). Writes DIR/real_length_<gpu>.json and .md.
+this span). Writes DIR/real_length_<gpu>.json.gz (every request) and .md.
 The JSON also has the SM clock, power and temperature (sampled by nvidia-smi) during each of our requests and
 over the script and the steady phases, to tell a clock drift from other causes, and the Python garbage
 collections during each request (--gc off runs our worker with the collector disabled, for an A/B; --clocks off
@@ -325,7 +325,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write():  # after every run, so a run cut off keeps what it measured
-        write_json(args.out / f"real_length_{name}.json", {"meta": meta, "results": results})
+        write_json(args.out / f"real_length_{name}.json.gz", {"meta": meta, "results": results})
         md = (f"{gpu}, torch {meta['torch']}, bf16, {meta['sentences']} sentences, {meta['audio_s']:.0f} s of "
               "audio per take (EOS disabled, frames from 2.7 words/s or 4.5 CJK chars/s), each mode in a fresh "
               f"process.\n\n{table(results)}\n")

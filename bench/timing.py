@@ -26,9 +26,14 @@ def _rounded(x):
 
 def write_json(path, data) -> None:
     """A result file: floats to 6 significant digits (a microsecond of a second is below any figure we report)
-    and no indentation, so results stay small in a clone; the .md beside it is the readable table."""
+    and no indentation, so results stay small in a clone; the .md beside it is the readable table. A path
+    ending in .gz is gzip-compressed (the per-request and per-kernel records; read with zcat or gzip.open)."""
+    import gzip
     from pathlib import Path
-    Path(path).write_text(json.dumps(_rounded(data), separators=(",", ":")) + "\n")
+
+    text = (json.dumps(_rounded(data), separators=(",", ":")) + "\n").encode()
+    path = Path(path)
+    path.write_bytes(gzip.compress(text, mtime=0) if path.suffix == ".gz" else text)
 
 
 def best_of(run, n: int = 3, key=None):
