@@ -36,6 +36,7 @@ from tests.support._q3support import PACK
 CUSTOM, BASE = "Qwen3-TTS-12Hz-0.6B-CustomVoice", "Qwen3-TTS-12Hz-0.6B-Base"
 P = "Qwen3TTSFast_"
 CONFIGS, OUTPUT, OVERWRITE = "1 checkpoint configs", "2 output paths", "3 silent overwrites"
+SIZE, LYING = "4 size before work", "8 lying files"
 TOTALS, RANGES, NUMBERS, LOAD = "5 script totals", "6 widget ranges", "7 degenerate numbers", "9 load arguments"
 EXTRA_SPEAKER = "my_fine_tuned_speaker"  # a good fine-tuned checkpoint's speaker, listed beside the bad folders
 # Error types a node may end with: the project's typed errors, or the RuntimeError the nodes wrap them in (with the
@@ -95,6 +96,28 @@ BAD_FOLDERS = {
 SPECIAL_VOICES = {"dirvoice": Path.mkdir, "fifovoice": os.mkfifo}  # voices/<name>.safetensors made as these
 
 
+def _empty_merges(d: Path) -> None:
+    (d / "merges.txt").unlink()
+    (d / "merges.txt").write_text("")
+
+
+def _big_voice(path: Path) -> None:
+    with open(path, "wb") as fh:  # sparse: 17 MB on paper, nothing on disk
+        fh.truncate(17 << 20)
+
+
+def _lying_voice(path: Path) -> None:
+    path.write_bytes((10**9).to_bytes(8, "little") + b"{}" + bytes(90))  # a header "of 1 GB" in a 100-byte file
+
+
+LYING_FOLDERS = {"bad-empty-merges": (_empty_merges, r"merges\.txt holds no merges.*Re-download merges\.txt")}
+# voices/<name>.safetensors -> (how it is made, its class, what the LoadVoice message must say)
+BAD_VOICE_FILES = {"bigvoice": (_big_voice, SIZE, r"bigvoice\.safetensors is [\d,]+ bytes; a voice file is at most"),
+                   "lyingvoice": (_lying_voice, LYING, r"lyingvoice\.safetensors.*header declares"),
+                   "dirvoice": (None, LYING, r"dirvoice\.safetensors.*directory"),
+                   "fifovoice": (None, LYING, r"fifovoice\.safetensors.*FIFO")}
+
+
 @pytest.fixture(scope="module")
 def prepare_base():
     def prepare(base: Path) -> None:
@@ -105,8 +128,14 @@ def prepare_base():
             damage(models / name)
         _linked_copy(good, models / "fine-tuned")
         _with_field(models / "fine-tuned" / "config.json", ("talker_config", "spk_id", EXTRA_SPEAKER), 3000)
+        for name, (damage, _) in LYING_FOLDERS.items():
+            _linked_copy(good, models / name, real=("speech_tokenizer",))
+            damage(models / name)
         for name, make in SPECIAL_VOICES.items():
             make(models / "voices" / f"{name}.safetensors")
+        for name, (make, _, _) in BAD_VOICE_FILES.items():
+            if make is not None:
+                make(models / "voices" / f"{name}.safetensors")
     return prepare
 
 
@@ -246,7 +275,7 @@ def test_bad_checkpoint_folders_never_affect_the_others(server):
     assert "bad_speaker" not in options
     loader = info[P + "LoadQwen3TTS"]["input"]["required"]["checkpoint"]
     listed = loader[1]["options"] if isinstance(loader[1], dict) and "options" in loader[1] else loader[0]
-    assert set(BAD_FOLDERS) | {CUSTOM, "fine-tuned"} <= set(listed), listed
+    assert set(BAD_FOLDERS) | set(LYING_FOLDERS) | {CUSTOM, "fine-tuned"} <= set(listed), listed
     assert not [n for n in listed if "/" in n], "a checkpoint's own sub-folder is listed as a checkpoint"
     for name, (_, words) in BAD_FOLDERS.items():
         _refused(server, CONFIGS, name, _custom(_loader(name)), "1", "LoadQwen3TTS", words)
@@ -273,7 +302,7 @@ def test_save_voice_output_paths_are_refused(server):
                  "SaveVoice", r"voice name.*at most 100 characters")
         _refused(server, OUTPUT, f"a NUL byte, linked {linked}", _save_voice("\x00", linked=linked), "4",
                  "SaveVoice", r"voice name is empty.*type a name")
-    assert sorted(p.name for p in voices.iterdir()) == sorted(f"{n}.safetensors" for n in SPECIAL_VOICES)
+    assert sorted(p.name for p in voices.iterdir()) == sorted(f"{n}.safetensors" for n in BAD_VOICE_FILES)
     _clear(start)
 
 
@@ -375,6 +404,32 @@ def test_bad_load_arguments(server, case, inputs, name):
 
 
 # -- the server after every case ------------------------------------------------------------------------------
+
+# -- 4 size before work, 8 lying files ----------------------------------------------------------------------
+
+def _load_voice(name, listed: str):
+    """Base loader -> LoadVoice (its name linked, so a file the list leaves out is still asked for; `listed` is any
+    name of the list, which validation wants in voice_name) -> VoiceClone."""
+    return {"1": _loader(BASE),
+            "5": {"class_type": "PrimitiveString", "inputs": {"value": name}},
+            "4": {"class_type": P + "LoadVoice", "inputs": {"model": ["1", 0], "voice_name": listed,
+                                                            "name_override": ["5", 0]}},
+            "6": {"class_type": P + "VoiceClone",
+                  "inputs": {"model": ["1", 0], "voice": ["4", 0], "text": "Cloned.", "language": "English",
+                             "seed": 1, "takes": 1}},
+            "7": {"class_type": "PreviewAudio", "inputs": {"audio": ["6", 0]}}}
+
+
+def test_huge_lying_and_special_files_are_refused_before_reading(server):
+    start = len(UNCLEAR)
+    names = server.get("/object_info")[P + "LoadVoice"]["input"]["required"]["voice_name"]
+    listed = (names[1]["options"] if isinstance(names[1], dict) and "options" in names[1] else names[0])[0]
+    for name, (_, cls, words) in BAD_VOICE_FILES.items():
+        _refused(server, cls, name, _load_voice(name, listed), "4", "LoadVoice", words)
+    for name, (_, words) in LYING_FOLDERS.items():
+        _refused(server, LYING, name, _custom(_loader(name)), "1", "LoadQwen3TTS", words)
+    _clear(start)
+
 
 def test_zz_server_runs_normally_and_the_counts(server, figure):
     """Run last (pytest keeps file order): a normal run after every case, and the figures."""
