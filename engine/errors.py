@@ -46,11 +46,3 @@ class GenerationInterrupted(Qwen3TTSError):
 
 class EngineBusyError(Qwen3TTSError, RuntimeError):
     """The engine is held by another call (see engine/engine_lock.py); nothing was run."""
-
-
-class QueueFullError(Qwen3TTSError, RuntimeError):
-    """The scheduler's queue of requests waiting for rows is full; nothing was queued. Retry later."""
-
-
-class SchedulerClosedError(Qwen3TTSError, RuntimeError):
-    """The scheduler was closed: its queued and running requests end with this error and it takes no more."""
