@@ -46,3 +46,7 @@ class GenerationInterrupted(Qwen3TTSError):
 
 class EngineBusyError(Qwen3TTSError, RuntimeError):
     """The engine is held by another call (see engine/engine_lock.py); nothing was run."""
+
+
+class QueueFullError(Qwen3TTSError, RuntimeError):
+    """Too many requests are already waiting (the speech server's --max-queue); nothing was queued. Retry later."""
