@@ -67,14 +67,7 @@ class LayerStackConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> LayerStackConfig:
-        hidden = cf.whole(d, "hidden_size", where)
-        heads = cf.whole(d, "num_attention_heads", where, hi=cf.MAX_COUNT)
-        kv_heads = cf.whole(d, "num_key_value_heads", where, hi=cf.MAX_COUNT)
-        head_dim = cf.whole(d, "head_dim", where, default=hidden // heads, null_default=True)
-        if heads % kv_heads:
-            raise cf.fail(where, "num_key_value_heads", f"a divisor of num_attention_heads ({heads})", kv_heads)
-        if head_dim % 2:  # rotary embeddings turn pairs of channels
-            raise cf.fail(where, "head_dim", "an even number", head_dim)
+        hidden, heads, kv_heads, head_dim = cf.attention_shape(d, where)
         cf.text(d, "hidden_act", where, ("silu",), default="silu")  # the MLP is SwiGLU: silu is built in
         return cls(
             hidden_size=hidden,

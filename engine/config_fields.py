@@ -128,3 +128,17 @@ def token_id(d: dict, key: str, where: str, vocab: int, vocab_field: str) -> int
     if not is_whole(value) or not 0 <= value < vocab:
         raise fail(where, key, f"an id between 0 and {vocab - 1} ({vocab_field} is {vocab})", value)
     return value
+
+
+def attention_shape(d: dict, where: str) -> tuple[int, int, int, int]:
+    """(hidden_size, heads, kv_heads, head_dim) of a transformer section: kv heads divide the heads, and head_dim
+    (default hidden // heads) is even, since rotary embeddings turn pairs of channels."""
+    hidden = whole(d, "hidden_size", where)
+    heads = whole(d, "num_attention_heads", where, hi=MAX_COUNT)
+    kv_heads = whole(d, "num_key_value_heads", where, hi=MAX_COUNT)
+    if heads % kv_heads:
+        raise fail(where, "num_key_value_heads", f"a divisor of num_attention_heads ({heads})", kv_heads)
+    head_dim = whole(d, "head_dim", where, default=hidden // heads, null_default=True)
+    if head_dim % 2:
+        raise fail(where, "head_dim", "an even number", head_dim)
+    return hidden, heads, kv_heads, head_dim

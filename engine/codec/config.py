@@ -48,14 +48,7 @@ class DecoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> DecoderConfig:
-        hidden = cf.whole(d, "hidden_size", where)
-        heads = cf.whole(d, "num_attention_heads", where, hi=cf.MAX_COUNT)
-        kv_heads = cf.whole(d, "num_key_value_heads", where, hi=cf.MAX_COUNT)
-        if heads % kv_heads:
-            raise cf.fail(where, "num_key_value_heads", f"a divisor of num_attention_heads ({heads})", kv_heads)
-        head_dim = cf.whole(d, "head_dim", where, default=hidden // heads, null_default=True)
-        if head_dim % 2:  # rotary embeddings turn pairs of channels
-            raise cf.fail(where, "head_dim", "an even number", head_dim)
+        hidden, heads, kv_heads, head_dim = cf.attention_shape(d, where)
         codebook_dim = cf.whole(d, "codebook_dim", where)
         if codebook_dim % 2:  # each of the two codebook groups stores half of it
             raise cf.fail(where, "codebook_dim", "an even number", codebook_dim)
