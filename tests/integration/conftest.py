@@ -39,8 +39,12 @@ def pytest_collection_modifyitems(config, items):
 def comfy_base(tmp_path_factory):
     """A ComfyUI --base-directory: custom_nodes/ -> this pack, tiny checkpoints, the reference clip (its users are
     `engine`-marked, so they are skipped at collection when the engine cannot run)."""
+    return _new_base(tmp_path_factory.mktemp("comfy_base"))
+
+
+def _new_base(base):
+    """The pack linked into custom_nodes/, tiny checkpoints and the reference clip."""
     client = load_script("comfy_client")
-    base = tmp_path_factory.mktemp("comfy_base")
     (base / "custom_nodes").mkdir()
     os.symlink(PACK, base / "custom_nodes" / "qwen3-tts-fast")
     client.install_test_checkpoints(base / "models")
@@ -61,11 +65,7 @@ def server(tmp_path_factory, prepare_base):
     clip, an empty voices folder and what `prepare_base` adds. The client carries base, proc and port."""
     need(comfy_missing())
     client = load_script("comfy_client")
-    base = tmp_path_factory.mktemp("reliability_comfy")
-    (base / "custom_nodes").mkdir()
-    os.symlink(PACK, base / "custom_nodes" / "qwen3-tts-fast")
-    client.install_test_checkpoints(base / "models")
-    client.install_reference_audio(base / "input")
+    base = _new_base(tmp_path_factory.mktemp("reliability_comfy"))
     (base / "models" / "qwen3_tts" / "voices").mkdir()
     prepare_base(base)
     port = free_port()
