@@ -6,7 +6,7 @@ import importlib
 
 _EXPORTS = {
     "Engine": "engine", "EngineConfig": "engine_config", "EngineInfo": "loading", "Result": "engine",
-    "Chunk": "engine", "BatchItem": "engine",
+    "Chunk": "engine", "BatchItem": "engine", "Scheduler": "scheduler", "Ticket": "ticket",
     "Request": "prompt", "SamplingParams": "sampling", "check_take_range": "sampling", "Voice": "voice",
     "blend_voices": "voice_blend", "errors": None,
 }

@@ -16,14 +16,17 @@ finished row frees its slot and the next queued row is prefilled into it (contin
 
 The per-frame work is done by a *frame runner*: `EagerFrames` here (any device), or the CUDA-graph
 runner in engine/gpu, which replays the same three steps as one captured graph. Both expose
-`open(slots, params, eos_id, max_len, refills)`, `admit(slots, prompt, keys, max_frames)`,
-`next_frame(host) -> (codes [slots, 16], valid [slots])` and `finished`.
+`open(slots, params, eos_id, max_len, refills)`, `admit(slots, prompt, keys, max_frames, params)`,
+`retire(slots)`, `next_frame(host) -> (codes [slots, 16], valid [slots])` and `finished`. Sampling settings are
+per row: rows of one loop may sample differently, each exactly as it would alone.
+
+Rows come from a source (engine/row_source.py): a call's fixed list, or a queue that grows while the loop runs
+(engine/scheduler.py), read at each chunk boundary.
 """
 from __future__ import annotations
 
 import contextlib
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -31,7 +34,9 @@ import torch
 
 from . import sampling
 from .errors import GenerationInterrupted
+from .finished_flags import FinishedFlags
 from .prompt import Prompt
+from .row_source import FixedRows
 from .sampling import SamplingParams
 from .slots import device_longs, prefill_into, trailing_table
 
@@ -39,12 +44,16 @@ from .slots import device_longs, prefill_into, trailing_table
 @dataclass
 class Row:
     """One batch row: what it says (prompt), its random stream key and its frame budget. `expected` is a
-    guess of its real length, used only for the progress total and the admission order."""
+    guess of its real length, used only for the progress total and the admission order. `params`: its own
+    sampling settings (None: the loop's). `first_chunk` (> 0): the chunk after its admission ends after that
+    many frames, for early first audio."""
 
     prompt: Prompt
     key: int
     max_frames: int
     expected: int = 0
+    params: SamplingParams | None = None
+    first_chunk: int = 0
 
 
 @dataclass
@@ -120,6 +129,8 @@ class EagerFrames:
         w = t.codec_head.weight
         vocab, hidden = w.shape
         self.params, self.eos_id = params, eos_id
+        self.slot_params = [params] * slots  # each slot's sampling settings (empty slots: the loop's)
+        self.groups = None  # slots by settings, made when first needed after an admission
         self.cache = t.new_cache(slots, max_len)
         self.hidden = torch.zeros(slots, hidden, dtype=w.dtype, device=w.device)
         self.keys = torch.zeros(slots, dtype=torch.long, device=w.device)
@@ -131,7 +142,8 @@ class EagerFrames:
         self.finished = torch.ones(slots, dtype=torch.bool, device=w.device)  # an empty slot counts as finished
         self.pred_cache = self.predictor.new_cache(slots)
 
-    def admit(self, slots: list, prompt: Prompt, keys: torch.Tensor, max_frames: int) -> None:
+    def admit(self, slots: list, prompt: Prompt, keys: torch.Tensor, max_frames: int,
+              params: SamplingParams | None = None) -> None:
         idx = device_longs(slots, self.hidden.device)
         self.hidden[idx] = prefill_into(self.talker, prompt, self.cache, slots)
         self.keys[idx] = keys
@@ -140,18 +152,46 @@ class EagerFrames:
         table = trailing_table(prompt, max_frames)
         for s in slots:
             self.trailing[s] = table
+            self.slot_params[s] = params or self.params
+        self.groups = None
+
+    def retire(self, slots: list) -> None:
+        self.finished[device_longs(slots, self.hidden.device)] = True
+
+    def _by_settings(self, pick) -> torch.Tensor:
+        """pick(params, slots, index) -> ids [len(slots)] for the slots sampling with `params` (slots and index
+        None: every slot, the usual case of one setting, run as one batch); the ids of every slot. Each row's
+        sampling reads only its own row, so a group's rows pick as they would alone."""
+        if self.groups is None:
+            by = {}
+            for s, p in enumerate(self.slot_params):
+                by.setdefault(p, []).append(s)
+            self.groups = [(p, None, None) for p in by] if len(by) == 1 else \
+                [(p, slots, device_longs(slots, self.hidden.device)) for p, slots in by.items()]
+        out = None
+        for p, slots, index in self.groups:
+            if slots is None:
+                return pick(p, None, None)
+            ids = pick(p, slots, index)
+            if out is None:
+                out = torch.empty(len(self.slot_params), dtype=ids.dtype, device=ids.device)
+            out[index] = ids
+        return out
 
     def _choose_c0(self, steps: list, t: torch.Tensor) -> torch.Tensor:
-        p = self.params
         logits = self.talker.codec_logits(self.hidden).float()
-        logits = sampling.penalize_repeats(logits, self.seen, p.repetition_penalty)
-        early = torch.tensor([s < p.min_new_tokens for s in steps], device=logits.device)
-        logits = logits.masked_fill(torch.where(early[:, None], self.banned_early, self.banned), float("-inf"))
-        u = sampling.uniforms(self.keys, t, 0, logits.shape[-1]) if p.do_sample else None
-        return sampling.choose(logits, p.do_sample, p.temperature, p.top_k, p.top_p, u)
+
+        def pick(p, slots, rows):
+            mine = steps if slots is None else [steps[s] for s in slots]
+            lg = sampling.penalize_repeats(_rows(logits, rows), _rows(self.seen, rows), p.repetition_penalty)
+            early = torch.tensor([s < p.min_new_tokens for s in mine], device=lg.device)
+            lg = lg.masked_fill(torch.where(early[:, None], self.banned_early, self.banned), float("-inf"))
+            u = sampling.uniforms(_rows(self.keys, rows), _rows(t, rows), 0, lg.shape[-1]) if p.do_sample else None
+            return sampling.choose(lg, p.do_sample, p.temperature, p.top_k, p.top_p, u)
+
+        return self._by_settings(pick)
 
     def next_frame(self, host: SlotTable) -> tuple[torch.Tensor, torch.Tensor]:
-        p = self.params
         steps = host.frames
         t = torch.tensor(steps, device=self.hidden.device)
         c0 = self._choose_c0(steps, t)
@@ -159,9 +199,14 @@ class EagerFrames:
         self.finished |= c0 == self.eos_id
 
         def choose_residual(logits, j):  # codebook j of frame t
-            u = sampling.uniforms(self.keys, t, j, logits.shape[-1]) if p.subtalker_dosample else None
-            return sampling.choose(logits, p.subtalker_dosample, p.subtalker_temperature, p.subtalker_top_k,
-                                   p.subtalker_top_p, u)
+            def pick(p, slots, rows):
+                lg = _rows(logits, rows)
+                u = sampling.uniforms(_rows(self.keys, rows), _rows(t, rows), j, lg.shape[-1]) \
+                    if p.subtalker_dosample else None
+                return sampling.choose(lg, p.subtalker_dosample, p.subtalker_temperature, p.subtalker_top_k,
+                                       p.subtalker_top_p, u)
+
+            return self._by_settings(pick)
 
         c0_embed = self.talker.embed_codec(c0)
         rest = self.predictor.predict(self.hidden, c0_embed, choose_residual, self.pred_cache)
@@ -177,27 +222,34 @@ class EagerFrames:
         return frame, valid
 
 
-def _admit(runner, host: SlotTable, rows: list, queue: deque, device, limit: int = 0) -> None:
-    """Fill free slots (at most `limit`, 0 = all) from the queue; consecutive rows of one prompt (takes)
-    share one prefill."""
+def _rows(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """Rows `index` of x (None: x itself, the usual case of one sampling setting for every slot)."""
+    return x if index is None else x[index]
+
+
+def _admit(runner, host: SlotTable, source, device, limit: int = 0) -> list:
+    """Fill free slots (at most `limit`, 0 = all) from the source, one prefill for each group it hands out (a
+    prompt's takes); returns the rows admitted."""
     free = [s for s, r in enumerate(host.row) if r < 0]
     free = free[:limit] if limit > 0 else free
-    while free and queue:
-        first = queue[0]
-        group = []
-        while free and queue and rows[queue[0]].prompt is rows[first].prompt \
-                and rows[queue[0]].max_frames == rows[first].max_frames:
-            k = queue.popleft()
-            slot = free.pop(0)
-            host.put(slot, k, rows[k].prompt.prefill.shape[1], rows[k].max_frames)
-            group.append((slot, k))
-        keys = device_longs([rows[k].key for _, k in group], device)
-        runner.admit([s for s, _ in group], rows[first].prompt, keys, rows[first].max_frames)
+    admitted = []
+    while free:
+        group = source.take(len(free))
+        if not group:
+            break
+        first = source.rows[group[0]]
+        mine, free = free[: len(group)], free[len(group):]
+        for slot, k in zip(mine, group):
+            host.put(slot, k, first.prompt.prefill.shape[1], first.max_frames)
+        keys = device_longs([source.rows[k].key for k in group], device)
+        runner.admit(mine, first.prompt, keys, first.max_frames, first.params)
+        admitted += group
+    return admitted
 
 
 def decode_rows(
     runner,
-    rows: list,
+    rows,
     *,
     slots: int,
     params: SamplingParams,
@@ -212,7 +264,8 @@ def decode_rows(
     prelaunch: bool = False,
     ahead: int = 0,
 ) -> Iterator[FrameChunk]:
-    """The one decode loop. Rows (admitted in `order`, default their order) run in `slots` batch slots;
+    """The one decode loop. Rows (a list, admitted in `order`, default their order; or a row source, see
+    engine/row_source.py, read at every chunk boundary) run in `slots` batch slots;
     yields chunks of `chunk_frames` frames (0 = one chunk per admission wave: until every held row is
     done; the first chunk has `first_chunk_frames` when that is set, for earlier first audio) until every
     row has finished. `lead_rows` (0 = as many as fit) admits only that many rows before the first chunk,
@@ -228,20 +281,21 @@ def decode_rows(
     `on_frames(done, total)` counts frames over all rows (total is an estimate until the rows end);
     `timings`, if given, receives the first prefill's seconds and the slot occupancy."""
     params.validate()
-    if not rows:
-        return
-    device = rows[0].prompt.prefill.device
+    if isinstance(rows, (list, tuple)):
+        if not rows:
+            return
+        rows = FixedRows(list(rows), order)
+    source = rows
+    device = source.device
     host = SlotTable(slots)
-    queue = deque(range(len(rows)) if order is None else order)
     t0 = time.perf_counter()
     # On CUDA the start is timed with events read after the first chunk's sync: no host sync of its own.
     events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if timings is not None \
         and device.type == "cuda" else None
     if events is not None:
         events[0].record()
-    runner.open(slots=slots, params=params, eos_id=eos_id, refills=len(rows) > slots,
-                max_len=max(r.prompt.prefill.shape[1] + r.max_frames for r in rows))
-    _admit(runner, host, rows, queue, device, lead_rows)
+    runner.open(slots=slots, params=params, eos_id=eos_id, refills=source.refills(slots), max_len=source.max_len)
+    admitted = _admit(runner, host, source, device, lead_rows)
     if events is not None:
         events[1].record()
     elif timings is not None:
@@ -250,9 +304,12 @@ def decode_rows(
     start = steps = busy = 0
     flags = FinishedFlags(runner, device) if ahead else None
 
-    def chunk_size(at: int, queued: int = 0) -> int:
-        """Frames of the chunk starting at frame `at`, `queued` of them already launched."""
+    def chunk_size(at: int, queued: int = 0, admitted=()) -> int:
+        """Frames of the chunk starting at frame `at`, `queued` of them already launched; rows just `admitted`
+        that ask for a short first chunk shorten it."""
         size = first_chunk_frames if at == 0 and first_chunk_frames > 0 else chunk_frames
+        short = [source.rows[r].first_chunk for r in admitted if source.rows[r].first_chunk > 0]
+        size = min([size] + short) if size > 0 else size
         left = host.frames_left() + queued
         return left if size <= 0 else min(size, left)
 
@@ -265,8 +322,10 @@ def decode_rows(
         host.advance()
         return frame, valid
 
-    n, launched = chunk_size(0), []
+    n, launched = chunk_size(0, admitted=admitted), []
     while True:
+        if n == 0:  # nothing was admitted (the rows that waited were given up)
+            return
         while len(launched) < n:
             launched.append(step())
         steps += n
@@ -274,7 +333,7 @@ def decode_rows(
         # The chunk's tensors are made before anything else is queued: a side stream reads them after `ready`.
         codes, valid = torch.stack([f for f, _ in launched], 1), torch.stack([v for _, v in launched], 1)
         early, ready = [], None  # the next chunk's first frames, launched before this chunk's flags are read
-        if flags is not None and not queue and host.frames_left() > 0:
+        if flags is not None and not source.waiting() and host.frames_left() > 0:
             ready = flags.snapshot()
             while len(early) < min(ahead, chunk_size(start + n, queued=len(early))):
                 early.append(step())
@@ -284,23 +343,28 @@ def decode_rows(
         if events is not None:  # complete now: the sync above waited for them
             timings["prefill_s"] = events[0].elapsed_time(events[1]) / 1000
             events = None
-        now_ended = []
+        now_ended, dropped, retired = [], source.dropped(), []
         for s, r in enumerate(held):
-            if r >= 0 and (finished[s] or at_end[s] >= host.limit[s]):
+            if r >= 0 and (finished[s] or at_end[s] >= host.limit[s] or r in dropped):
+                if not (finished[s] or at_end[s] >= host.limit[s]):
+                    retired.append(s)  # given up: it stops now, as a finished row
                 ended[r] = min(at_end[s], host.limit[s])
                 host.row[s] = -1
                 now_ended.append(r)
-        done = not queue and all(r < 0 for r in host.row)
+        if retired:
+            runner.retire(retired)
+        done = not source.waiting() and all(r < 0 for r in host.row)
         chunk = FrameChunk(codes, valid, start, done, held, tuple(now_ended))
         start += n
         if on_frames is not None:
             running = {r: min(at_end[s], host.limit[s]) for s, r in enumerate(host.row) if r >= 0}
+            rows = source.rows
             total = sum(ended.values()) + sum(max(f, rows[r].expected or rows[r].max_frames)
                                               for r, f in running.items())
-            total += sum(rows[r].expected or rows[r].max_frames for r in queue)
+            total += sum(rows[r].expected or rows[r].max_frames for r in source.queued())
             on_frames(sum(ended.values()) + sum(running.values()), total)
         if timings is not None:
-            timings["batch"] = {"slots": slots, "rows": len(rows), "steps": steps,
+            timings["batch"] = {"slots": slots, "rows": len(source.rows), "steps": steps,
                                 "occupancy": busy / max(1, steps * slots)}
         launched = []
         if early:
@@ -310,7 +374,7 @@ def decode_rows(
             if not done:
                 n = chunk_size(start, queued=len(early))
                 launched = early
-        elif prelaunch and not done and not (queue and any(r < 0 for r in host.row)):
+        elif prelaunch and not done and not (source.waiting() and any(r < 0 for r in host.row)):
             # The next chunk's first frame goes to the GPU before this chunk is handed on, so the GPU
             # works through the consumer's host time instead of waiting for it. Nothing is guessed: the
             # rows that ended are known, and no row is admitted before it.
@@ -323,32 +387,4 @@ def decode_rows(
         if done:
             return
         if not launched:
-            _admit(runner, host, rows, queue, device)
-            n = chunk_size(start)
-
-
-class FinishedFlags:
-    """The runner's finished flags of a chunk's last frame, read on the host after the next frame has been
-    launched. CUDA: an async copy into one pinned buffer and an event, both queued before that frame (which
-    updates the flags again); elsewhere a copy taken before it."""
-
-    def __init__(self, runner, device):
-        self.runner, self.cuda = runner, device.type == "cuda"
-        self.flags = torch.empty(runner.finished.shape, dtype=torch.bool, pin_memory=True) if self.cuda else None
-        self.copied = None  # CUDA: the event after the copy into `flags`
-
-    def snapshot(self):
-        """Take the flags as they are after the frames queued so far; returns the CUDA event that marks
-        that point on the stream (None elsewhere)."""
-        if not self.cuda:
-            self.flags = self.runner.finished.clone()
-            return None
-        self.flags.copy_(self.runner.finished, non_blocking=True)
-        self.copied = torch.cuda.Event()
-        self.copied.record()
-        return self.copied
-
-    def read(self) -> list:
-        if self.copied is not None:
-            self.copied.synchronize()
-        return self.flags.tolist()
+            n = chunk_size(start, admitted=_admit(runner, host, source, device))

@@ -49,4 +49,9 @@ class EngineBusyError(Qwen3TTSError, RuntimeError):
 
 
 class QueueFullError(Qwen3TTSError, RuntimeError):
-    """Too many requests are already waiting (the speech server's --max-queue); nothing was queued. Retry later."""
+    """Too many requests are already waiting (the scheduler's bound, or the speech server's --max-queue); nothing
+    was queued. Retry later."""
+
+
+class SchedulerClosedError(Qwen3TTSError, RuntimeError):
+    """The scheduler was closed: its queued and running requests end with this error and it takes no more."""

@@ -151,9 +151,12 @@ def unit_interval(x: torch.Tensor) -> torch.Tensor:
 
 def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty) -> torch.Tensor:
     """HF repetition penalty: for ids already generated, l -> l / p if l > 0 else l * p. `penalty` is a float,
-    or a 0-d tensor in the captured graphs (applied always: dividing or multiplying by 1.0 is exact)."""
+    or in the captured graphs a device tensor, 0-d or one per row (applied always: dividing or multiplying by
+    1.0 is exact)."""
     if isinstance(penalty, float) and penalty == 1.0:
         return logits
+    if torch.is_tensor(penalty) and penalty.dim() > 0:
+        penalty = penalty.reshape(-1, 1)  # row b's setting over row b's ids
     hit = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(seen, hit, logits)
 

@@ -7,7 +7,7 @@ bucket serves every position up to the cache's room, and no request ever waits f
 The torch attention (Triton off) attends over a window of WINDOW_STEP positions a bucket, masked per row,
 one graph per window. Everything a frame reads or writes lives in static buffers owned by `FrameState` (one
 per batch bucket): the talker hidden state, each row's position, frame counter and frame budget, the per-row
-stream keys, the repetition-penalty mask, the finished flags, the sampling settings and each row's trailing
+stream keys, the repetition-penalty mask, the finished flags, each row's sampling settings and trailing
 text. Rows may hold different prompts: the talker attention masks each row at its own length (inside one
 window, the bucket of the longest row, on the torch path), RoPE and the cache write use each row's position.
 A finished row stops advancing, so it never writes past its own cache room. Replaying never syncs the host;
@@ -22,16 +22,17 @@ import torch
 
 from .. import sampling
 from ..kernels.attention import position_bias
-from ..kernels.sample import kth_index
 from ..model.kv_cache import runs
 from ..slots import device_longs, prefill_into, trailing_table
 from .buckets import bucket_for
 from .capture import capture
 from .fused_layers import FusedStack
+from .row_settings import RowSettings
 
 log = logging.getLogger(__name__)
 
 WINDOW_STEP = 256  # attention windows are multiples of this many positions (the torch attention's graphs)
+
 
 
 class FrameState:
@@ -71,15 +72,9 @@ class FrameState:
         self.rope_table = None  # filled by GraphedFrames: the talker's (cos, sin_signed) of every cache position
         self.banned = torch.zeros(vocab, dtype=torch.bool, device=dev)
         self.eos_mask = torch.zeros(vocab, dtype=torch.bool, device=dev)
-        f32 = {"device": dev, "dtype": torch.float32}
-        self.p = {  # sampling settings, 0-d device tensors
-            "do_sample": torch.zeros((), dtype=torch.bool, device=dev), "temperature": torch.ones((), **f32),
-            "top_k": torch.zeros((), dtype=torch.long, device=dev), "top_p": torch.ones((), **f32),
-            "penalty": torch.ones((), **f32), "min_new": torch.zeros((), dtype=torch.long, device=dev),
-            "sub_do_sample": torch.zeros((), dtype=torch.bool, device=dev), "sub_temperature": torch.ones((), **f32),
-            "sub_top_k": torch.zeros((), dtype=torch.long, device=dev), "sub_top_p": torch.ones((), **f32),
-        }
-        self.params_key = None  # what set_params last wrote
+        self.settings = RowSettings(batch, dev, vocab, talker.code_predictor.cfg.predictor.vocab_size)
+        self.p = self.settings.p  # each row's sampling settings, [batch] device tensors
+        self.eos_key = None  # the EOS id set_eos last wrote
         self.first = {}  # bool [B, V], column 0 set: top-p always keeps the most likely id
         self.sub_vocab = talker.code_predictor.cfg.predictor.vocab_size
         for width in (vocab, self.sub_vocab):
@@ -106,25 +101,14 @@ class FrameState:
         for dst, src in zip(self.small_state(), saved):
             dst.copy_(src)
 
-    def set_params(self, params, eos_id: int) -> None:
-        """Write the sampling settings into the buffers the graphs read; skipped when they already hold these
-        (nothing else writes them), which saves a dozen launches before most requests' first frame."""
-        values = (("do_sample", params.do_sample), ("temperature", params.temperature),
-                  ("top_k", kth_index(params.top_k, self.banned.shape[0])),
-                  ("top_p", params.top_p),
-                  ("penalty", params.repetition_penalty), ("min_new", params.min_new_tokens),
-                  ("sub_do_sample", params.subtalker_dosample),
-                  ("sub_temperature", params.subtalker_temperature),
-                  ("sub_top_k", kth_index(params.subtalker_top_k, self.sub_vocab)),
-                  ("sub_top_p", params.subtalker_top_p))
-        if self.params_key == (values, eos_id):
+    def set_eos(self, eos_id: int) -> None:
+        """The suppression and EOS masks of codebook 0; skipped when they already hold these."""
+        if self.eos_key == eos_id:
             return
-        for name, value in values:
-            self.p[name].fill_(value)
         self.banned.copy_(sampling.control_mask(self.banned.shape[0], eos_id, self.banned.device))
         self.eos_mask.zero_()
         self.eos_mask[eos_id] = True
-        self.params_key = (values, eos_id)
+        self.eos_key = eos_id
 
 
 def projected_tables(talker) -> list | None:
@@ -336,11 +320,13 @@ class GraphedFrames:
         s.share[0].copy_(s.rows)
         s.share[1].zero_()
         self.share_prompts = not refills
-        s.set_params(params, eos_id)
+        s.set_eos(eos_id)
+        self.params = params
 
-    def admit(self, slots: list, prompt, keys: torch.Tensor, max_frames: int) -> None:
-        """Prefill `prompt` into rows `slots` (its takes) and reset their per-row state. Nothing here waits
-        for the GPU: the host goes on to queue the first frames while the prefill runs."""
+    def admit(self, slots: list, prompt, keys: torch.Tensor, max_frames: int, params=None) -> None:
+        """Prefill `prompt` into rows `slots` (its takes) and reset their per-row state; `params` (default: the
+        loop's) are these rows' sampling settings. Nothing here waits for the GPU: the host goes on to queue
+        the first frames while the prefill runs."""
         s = self.s
         idx = s.index(slots)
         hidden = self.prefill_graphs.run(prompt, s.cache, slots) if self.prefill_graphs is not None else None
@@ -359,10 +345,16 @@ class GraphedFrames:
         s.keys.index_copy_(0, idx, keys.to(s.keys.device))
         s.seen.index_fill_(0, idx, False)
         s.finished.index_fill_(0, idx, False)
+        s.settings.write(slots, params or self.params)
         table = trailing_table(prompt, max_frames)
         for slot in slots:
             s.trailing[slot * s.trailing_rows: slot * s.trailing_rows + table.shape[0]] = table
         s.trailing_last.index_fill_(0, idx, table.shape[0] - 1)
+
+    def retire(self, slots: list) -> None:
+        """Rows `slots` were given up by their caller: they stop as finished rows do (no more valid frames, their
+        positions no longer advance) until the slots are admitted again."""
+        self.s.finished.index_fill_(0, self.s.index(slots), True)
 
     def _graph(self, window: int | None) -> torch.cuda.CUDAGraph:
         key = (self.s.batch, window)

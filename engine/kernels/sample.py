@@ -1,8 +1,9 @@
 """Fused graph-safe sampling of one id per row in one launch (replaces ~22 kernels per choose, and for
 codebook 0 also the penalty / suppression / seen / finished kernels and the uniforms).
 
-Semantics are exactly `choose` below (the torch path), with every setting a 0-d device tensor, so changing
-one never forces a graph's recapture:
+Semantics are exactly `choose` below (the torch path), with every setting a device tensor, 0-d (every row)
+or [B] (one per row: rows of one decode loop may sample differently), so changing one never forces a graph's
+recapture:
 greedy argmax when not do_sample; else x = logits / temperature, top-k keeps ids with x >= the value
 at sorted position k_index (ties kept), probabilities are the softmax over those, top-p keeps the
 smallest prefix of the descending order whose mass reaches p (the first always kept), and the id is the
@@ -46,20 +47,22 @@ def kth_index(top_k: int, vocab: int) -> int:
 def choose(logits, do_sample, temperature, k_index, top_p, u, first, out=None):
     """logits [B, V] float32, u [B, V] uniforms in (0, 1) -> ids [B] (written into `out` when given).
 
-    k_index: 0-d long from kth_index(); first: bool [B, V] with only column 0 set (a static buffer).
+    Settings are 0-d (every row) or [B] (row b's); k_index: long from kth_index(); first: bool [B, V] with only
+    column 0 set (a static buffer).
     """
+    b = logits.shape[0]
     greedy = torch.argmax(logits, dim=-1)
-    sorted_logits, order = torch.sort(logits / temperature, dim=-1, descending=True)
-    kth = sorted_logits.index_select(-1, k_index.view(1))
+    sorted_logits, order = torch.sort(logits / temperature.reshape(-1, 1), dim=-1, descending=True)
+    kth = sorted_logits.gather(-1, k_index.reshape(-1, 1).expand(b, 1))
     keep = sorted_logits >= kth
     probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs
-    keep = keep & ((mass_before < top_p) | first)
+    keep = keep & ((mass_before < top_p.reshape(-1, 1)) | first)
     race = (probs * keep) / (-torch.log(u.gather(-1, order)))
     sampled = order.gather(-1, torch.argmax(race, dim=-1, keepdim=True)).squeeze(-1)
     if out is None:
-        return torch.where(do_sample, sampled, greedy)
-    return torch.where(do_sample, sampled, greedy, out=out)
+        return torch.where(do_sample.reshape(-1), sampled, greedy)
+    return torch.where(do_sample.reshape(-1), sampled, greedy, out=out)
 
 
 def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None, step=None, slot=0,
@@ -71,7 +74,7 @@ def reference(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=No
     logits = logits.float()
     if penalty is not None:
         logits = sampling.penalize_repeats(logits, seen, penalty)
-        mask = banned | (eos_mask & (t < min_new).reshape(-1, 1))  # t: one step, or one per row
+        mask = banned | (eos_mask & (t < min_new).reshape(-1, 1))  # t, min_new: one, or one per row
         logits = logits.masked_fill(mask, float("-inf"))
     b, vocab = logits.shape
     if u is None:
@@ -143,7 +146,7 @@ def _kernel():
 
     @triton.jit
     def sample_kernel(logits_ptr, stride_l, u_ptr, stride_u, ids_ptr, stride_ids,
-                      do_sample_ptr, temp_ptr, kidx_ptr, top_p_ptr,
+                      do_sample_ptr, temp_ptr, kidx_ptr, top_p_ptr, stride_set,
                       keys_ptr, step_ptr, stride_step, slot,
                       penalty_ptr, seen_ptr, stride_seen, banned_ptr, eos_ptr, t_ptr, stride_t, min_new_ptr,
                       finished_ptr, emb_ptr, stride_emb, emb_out_ptr, stride_emb_out, E,
@@ -158,22 +161,22 @@ def _kernel():
         NEG = float("-inf")
         lg = tl.load(logits_ptr + row * stride_l + cols, mask=valid, other=NEG).to(tl.float32)
         if PENALTY:
-            pen = tl.load(penalty_ptr)
+            pen = tl.load(penalty_ptr + row * stride_set)
             hit = tl.where(lg > 0, tl.div_rn(lg, pen), lg * pen)
             seen = tl.load(seen_ptr + row * stride_seen + cols, mask=valid, other=0) != 0
             lg = tl.where(seen, hit, lg)
-            early = tl.load(t_ptr + row * stride_t) < tl.load(min_new_ptr)
+            early = tl.load(t_ptr + row * stride_t) < tl.load(min_new_ptr + row * stride_set)
             banned = tl.load(banned_ptr + cols, mask=valid, other=0) != 0
             eos = tl.load(eos_ptr + cols, mask=valid, other=0) != 0
             lg = tl.where(banned | (eos & early), NEG, lg)
             lg = tl.where(valid, lg, NEG)
-        if tl.load(do_sample_ptr) != 0:
-            x = tl.div_rn(lg, tl.load(temp_ptr))
+        if tl.load(do_sample_ptr + row * stride_set) != 0:
+            x = tl.div_rn(lg, tl.load(temp_ptr + row * stride_set))
             if KEY_BITS == 16:  # bf16 logits, no penalty: ranking the 16-bit logits ranks x (see the docstring)
                 key = _order_key(lg) >> 16
             else:
                 key = _order_key(x)
-            kidx = tl.load(kidx_ptr)
+            kidx = tl.load(kidx_ptr + row * stride_set)
             # top-k: the largest key K with count(key >= K) >= kidx + 1 is the key at sorted position kidx.
             # Bisection, one bit a step. It stops early once a candidate keeps exactly kidx + 1 ids: then
             # {key >= cand} is already the top-k set, whatever the lower bits (so the same ids are kept);
@@ -194,7 +197,7 @@ def _kernel():
             e = tl.where(keep, _exp(x - m), 0.0)
             p = tl.div_rn(e, tl.sum(e, axis=0))
             # top-p: the largest key K whose inclusive mass sum(p[key >= K]) reaches top_p; keep key >= K
-            top_p = tl.load(top_p_ptr)
+            top_p = tl.load(top_p_ptr + row * stride_set)
             cut = tl.full((), 0, tl.uint32)
             if top_p < 1.0:
                 bit = tl.full((), 1 << (KEY_BITS - 1), tl.uint32)
@@ -240,11 +243,10 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
            warps=None):
     """logits [B, V] (fp32, or the head's dtype: converted inside) -> ids [B] long.
 
-    Settings are 0-d device tensors (do_sample bool, temperature / top_p float32, k_index long from
-    kth_index). Uniforms: u [B, V] float32, or keys [B] long + step (1-elem long device
+    Settings are device tensors (do_sample bool, temperature / top_p float32, k_index long from kth_index),
+    all 0-d (every row) or all [B] (row b reads element b), penalty and min_new included. Uniforms: u [B, V] float32, or keys [B] long + step (1-elem long device
     tensor, or [B]: one frame index per row) + slot (int) to draw them inside.
-    Codebook 0: penalty (0-d float32), seen [B, V] bool, banned / eos_mask [V] bool, t (1 or [B]) /
-    min_new long;
+    Codebook 0: penalty float32, seen [B, V] bool, banned / eos_mask [V] bool, t (1 or [B]) / min_new long;
     update=True also sets seen[row, id] and finished[row] |= eos_mask[id] (finished [B] bool).
     embed: an embedding table [V', E] (rows contiguous): also return its rows at the ids, (ids, [B, E]).
     embed2 (with embed): a second such table [V', E2], whose rows come last, (ids, [B, E], [B, E2]).
@@ -271,6 +273,10 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     def per_row(x):  # a tensor with one value per row is read at row * 1, a shared one at offset 0
         return 1 if x is not None and x.numel() == b and b > 1 else 0
 
+    settings = [do_sample, temperature, k_index, top_p] + ([penalty, min_new] if pen else [])
+    stride_set = per_row(temperature)
+    require(all(x.numel() in (1, b) for x in settings) and len({per_row(x) for x in settings}) == 1,
+            "settings all 0-d or all [B]")
     require(embed2 is None or embed is not None, "embed2 comes with embed")
     require(out_rows is None or embed is not None, "out_rows comes with embed")
     outs, embedding = [], []
@@ -289,7 +295,7 @@ def sample(logits, do_sample, temperature, k_index, top_p, *, u=None, keys=None,
     key_bits = 16 if logits.dtype == torch.bfloat16 and not pen else 32  # see the module docstring
     _kernel()[(b,)](
         logits, logits.stride(0), u if has_u else dummy, u.stride(0) if has_u else 0, ids, ids.stride(0),
-        u8(do_sample), temperature, k_index, top_p,
+        u8(do_sample), temperature, k_index, top_p, stride_set,
         keys if keys is not None else ids, step if step is not None else ids, per_row(step), int(slot),
         penalty if pen else dummy, u8(seen) if pen else dummy, seen.stride(0) if pen else 0,
         u8(banned) if pen else dummy, u8(eos_mask) if pen else dummy, t if pen else ids,

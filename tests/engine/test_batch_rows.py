@@ -140,3 +140,35 @@ def test_static_frame_body_serves_mixed_rows(custom, monkeypatch, greedy):
     assert sorted(eager) == list(range(len(rows)))
     for r in eager:
         assert torch.equal(eager[r], graph[r]), f"row {r}"
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_rows_with_their_own_sampling_equal_each_alone(custom, graph):
+    """Rows of one loop with sampling settings of their own (greedy beside sampled, other temperatures, top-k,
+    top-p, penalties, min_new_tokens), on the eager runner and on the graph frame body run uncaptured: each row
+    equals itself decoded alone with its settings as the loop's."""
+    base = custom.defaults.replace(max_new_tokens=24)
+    own = [base, base.greedy(), base.replace(temperature=1.4, top_k=0, top_p=0.8),
+           base.replace(repetition_penalty=1.6, min_new_tokens=6, subtalker_top_k=3),
+           base.replace(subtalker_dosample=False, top_k=5), None]  # None: the loop's settings (base)
+    rows = []
+    for k, (item, p) in enumerate(zip(custom_items(), own)):
+        prompt, _, frames = custom.prepare(item.request, 1, p or base, max_new_tokens=item.max_new_tokens)
+        rows.append(Row(prompt, 2000 + k, frames, params=p))
+
+    def run(rows, params, slots):
+        runner = GraphedFrames(custom.talker, custom.config.max_seq_len, capture=False) if graph \
+            else EagerFrames(custom.talker)
+        out = {}
+        for c in decode_rows(runner, rows, slots=slots, params=params, eos_id=custom.cfg.talker.codec_eos_id,
+                             chunk_frames=4):
+            for slot, r in enumerate(c.rows):
+                if r >= 0:
+                    out.setdefault(r, []).append(c.codes[slot][c.valid[slot]])
+        return [torch.cat(out[r]) for r in range(len(rows))]
+
+    together = run(rows, base, slots=4)  # more rows than slots: later rows take over slots of other settings
+    for r, row in enumerate(rows):
+        alone = run([Row(row.prompt, row.key, row.max_frames)], row.params or base, slots=1)[0]
+        assert torch.equal(together[r], alone), f"row {r}"
+    assert len({len(c) for c in together}) >= 3  # the settings make the rows differ

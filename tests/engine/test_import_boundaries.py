@@ -120,7 +120,8 @@ LAYER_OF = {
     "engine.voice": "model", "engine.voice_blend": "model", "engine.prompt": "model",
     "engine.text_tokenizer": "model", "engine.slots": "model", "engine.host_audio": "model",
     "engine.gpu": "gpu",
-    "engine.decode": "decode",
+    "engine.decode": "decode", "engine.row_source": "decode", "engine.finished_flags": "decode",
+    "engine.scheduler": "engine", "engine.ticket": "engine",
     "engine.cli": "cli", "engine.__main__": "cli", "engine.serve": "cli",
 }
 

@@ -129,6 +129,11 @@ def test_sample_codebook0_rows_at_their_own_frames():
     st.check_sample_penalty(DEV, 16, t=0, min_new=8, per_row=True)
 
 
+@pytest.mark.parametrize("penalty", [True, False])
+def test_sample_rows_with_settings_of_their_own(penalty):
+    st.check_sample_per_row_settings(DEV, penalty=penalty)
+
+
 def test_qk_norm_rope_kv_in_cuda_graph():
     """pos is read on the device: one captured graph writes wherever pos points at replay."""
     from engine.kernels import qk_norm_rope_kv as k

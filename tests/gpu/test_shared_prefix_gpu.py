@@ -29,8 +29,8 @@ def engine(tiny_checkpoints):
 def _poison_other_takes(monkeypatch):
     admit = frame_graph.GraphedFrames.admit
 
-    def poisoned(self, slots, prompt, keys, max_frames):
-        admit(self, slots, prompt, keys, max_frames)
+    def poisoned(self, slots, prompt, keys, max_frames, params=None):
+        admit(self, slots, prompt, keys, max_frames, params)
         n = prompt.prefill.shape[1]
         for layer in (*self.s.cache.k, *self.s.cache.v):
             layer[slots[1:], :, :n] = 1e3 * torch.randn_like(layer[slots[1:], :, :n])

@@ -543,6 +543,11 @@ def test_sample_codebook0_rows_at_their_own_frames():
     st.check_sample_penalty(DEV, 6, t=0, min_new=3, per_row=True)  # rows 0-2 still mask EOS, rows 3-5 not
 
 
+@pytest.mark.parametrize("penalty", [True, False])
+def test_sample_rows_with_settings_of_their_own(penalty):
+    st.check_sample_per_row_settings(DEV, penalty=penalty)
+
+
 @pytest.mark.parametrize("width", [40, 1100])
 def test_sample_returns_embedding_rows(width):
     """embed=table: the same ids, and the table's rows at them (a row wider than one 1024 block too)."""
@@ -766,3 +771,34 @@ def test_frames_with_frame_glue_equal_torch_glue(tiny_checkpoints, takes):
     (want, n_want), (got, n_got) = runs
     assert n_got == n_want
     assert torch.equal(got, want)
+
+
+def test_frames_with_rows_of_their_own_settings_equal_torch_sampling(tiny_checkpoints):
+    """The frame body with the sampling kernel, rows of one loop sampling with settings of their own (greedy
+    beside sampled, other temperatures, top-k, top-p, penalties, min_new_tokens, more rows than slots), decodes
+    the same codes as with the torch sampling."""
+    from engine import Engine, Request
+    from engine.decode import Row, decode_rows
+    from engine.gpu import frame_graph
+
+    engine = Engine.load(tiny_checkpoints["custom_voice"], device="cpu", dtype="fp32", max_seq_len=200)
+    base = engine.defaults.replace(max_new_tokens=8, min_new_tokens=0)
+    own = [base, base.greedy(), base.replace(temperature=1.4, top_k=0, top_p=0.8),
+           base.replace(repetition_penalty=1.6, min_new_tokens=4, subtalker_top_k=3), None]
+    rows = []
+    for k, p in enumerate(own):
+        req = Request(mode="custom", text=f"Row {k} samples its own way.", language="English", speaker="ryan")
+        prompt, _, frames = engine.prepare(req, 1, p or base)
+        rows.append(Row(prompt, 300 + k, frames - k, params=p))  # other budgets: rows end apart
+    runs = []
+    for names in ((), ("sample",)):
+        runner = frame_graph.GraphedFrames(engine.talker, 200, capture=False, kernels=kernels.Kernels(names))
+        out = {}
+        for c in decode_rows(runner, rows, slots=3, params=base, eos_id=engine.cfg.talker.codec_eos_id,
+                             chunk_frames=3):
+            for slot, r in enumerate(c.rows):
+                if r >= 0:
+                    out.setdefault(r, []).append(c.codes[slot][c.valid[slot]])
+        runs.append([torch.cat(out[r]) for r in range(len(rows))])
+    for r, (want, got) in enumerate(zip(*runs)):
+        assert torch.equal(got, want), f"row {r}"

@@ -429,6 +429,50 @@ def check_sample_penalty(device, b, vocab=3072, seed=0, do_sample=True, t=1, min
              "penalised sample: seen or finished differ")
 
 
+def check_sample_per_row_settings(device, vocab=3072, seed=0, penalty=True):
+    """Rows with settings of their own in one launch ([B] settings: greedy and sampled rows, other temperatures,
+    top-k, top-p, penalties and min_new) equal each row sampled alone with its settings as 0-d tensors, for the
+    kernel and for the torch reference; the ids, seen and finished alike."""
+    from engine import sampling
+    from engine.kernels import sample as k
+
+    rows = [  # do_sample, temperature, top_k, top_p, penalty, min_new
+        (True, 0.9, 50, 1.0, 1.05, 2), (False, 0.9, 50, 1.0, 1.0, 0), (True, 1.7, 0, 0.8, 1.3, 5),
+        (True, 0.4, 3, 1.0, 1.0, 0), (True, 1.0, 0, 0.6, 2.0, 9), (False, 0.7, 20, 0.9, 1.5, 3)]
+    b = len(rows)
+    logits = (torch.randn(b, vocab, generator=_gen(seed)) * 3.0).to(device)
+    eos_id = vocab - 1024 + 2
+    logits[::2, eos_id] = 9.0  # EOS likely where min_new lets it through
+    f32 = {"device": device, "dtype": torch.float32}
+    cols = list(zip(*rows))
+    table = (torch.tensor(cols[0], device=device), torch.tensor(cols[1], **f32),
+             torch.tensor([k.kth_index(x, vocab) for x in cols[2]], device=device), torch.tensor(cols[3], **f32))
+    seen = (torch.rand(b, vocab, generator=_gen(seed + 3)) < 0.05).to(device)
+    steps = torch.tensor([4] * b, device=device)
+    keys = sampling.take_keys(seed, range(b), device)
+    banned = sampling.control_mask(vocab, eos_id, device)
+    eos_mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    eos_mask[eos_id] = True
+
+    def run(fn, r, settings, pen, min_new):
+        extra = {}
+        if penalty:
+            extra = {"penalty": pen, "seen": seen[r].clone(), "banned": banned, "eos_mask": eos_mask, "t": steps[r],
+                     "min_new": min_new, "finished": torch.zeros(len(range(b)[r]), dtype=torch.bool, device=device),
+                     "update": True}
+        ids = fn(logits[r], *settings, keys=keys[r], step=steps[r], slot=0, **extra)
+        return ids, extra.get("seen"), extra.get("finished")
+
+    for name, fn in (("kernel", k.sample), ("reference", k.reference)):
+        together = run(fn, slice(None), table, torch.tensor(cols[4], **f32), torch.tensor(cols[5], device=device))
+        for i in range(b):
+            alone = run(fn, slice(i, i + 1), tuple(x[i] for x in table), torch.tensor(cols[4][i], **f32),
+                        torch.tensor(cols[5][i], device=device))
+            for got, want in zip(together, alone):
+                _verdict(got is None or torch.equal(got[i: i + 1], want),
+                         f"{name}: row {i} with its own settings differs from itself alone")
+
+
 def check_sample_into_slots(device, b, vocab=2048, width=40, seed=0):
     """out_ids / out_rows: the sampler writes the ids and the embedding rows into strided views (a column of the
     frame's codes, a slot of its rows), as frame_graph.frame_body passes them, and leaves the rest untouched."""
