@@ -67,8 +67,10 @@ async def api_key(request: web.Request, handler):
 
 async def health(request: web.Request) -> web.Response:
     backend: Backend = request.app[BACKEND]
-    return web.json_response({"status": "ok", "model": request.app[MODEL].id, "busy": backend.busy,
-                              "queued": backend.queued, "requests": vars(backend.counts)})
+    stats = backend.stats()
+    return web.json_response({"status": "ok", "model": request.app[MODEL].id, "busy": stats["running"] > 0,
+                              "queued": stats["waiting"], "running": stats["running"], "rows": stats["rows"],
+                              "max_rows": stats["slots"], "requests": vars(backend.counts)})
 
 
 async def models(request: web.Request) -> web.Response:

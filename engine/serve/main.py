@@ -27,7 +27,7 @@ def serve(args) -> int:
         return 2
     note_random_weights(args.model)
     try:
-        engine = Engine.load(args.model, max_takes=args.max_takes, warm_takes=args.max_takes, **load_options(args))
+        engine = Engine.load(args.model, max_takes=args.max_rows, warm_takes=args.max_rows, **load_options(args))
     except Qwen3TTSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -84,7 +84,7 @@ async def _run(engine, args) -> None:
     from .backend import Backend
     from .served_model import ServedModel
 
-    backend = Backend(engine, max_queue=args.max_queue)
+    backend = Backend(engine, max_queue=args.max_queue, max_rows=args.max_rows, boundary_frames=args.boundary_frames)
     model = ServedModel.of(engine, args.max_takes, args.voices)
     settings = Settings(api_key=args.api_key, chunk_frames=args.chunk_frames,
                         first_chunk_frames=args.first_chunk_frames)

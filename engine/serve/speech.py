@@ -1,4 +1,4 @@
-"""POST /v1/audio/speech: a checked request becomes one backend ticket, sent whole or streamed as raw PCM."""
+"""POST /v1/audio/speech: a checked request becomes one request of the backend, sent whole or streamed as raw PCM."""
 from __future__ import annotations
 
 import json
@@ -35,7 +35,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     job = parse(await read_json(request), app[MODEL])
     if job.reference is not None:
         job.request.voice = await backend.extract_voice(*job.reference, job.reference_text)
-    ticket = backend.submit(job.request, takes=job.takes, seed=job.seed, first_take=job.first_take,
+    ticket = await backend.submit(job.request, takes=job.takes, seed=job.seed, first_take=job.first_take,
                             params=job.params, chunk_frames=settings.chunk_frames,
                             first_chunk_frames=settings.first_chunk_frames)
     try:
