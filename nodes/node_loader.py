@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from ..engine import checks
 from . import comfy_paths, engine_cache, paths
 from .comfy_api_compat import io
 from .common import MAX_TAKES, check_combo
@@ -113,6 +114,8 @@ class LoadQwen3TTS(io.ComfyNode):
                 raise FileNotFoundError(f"LoadQwen3TTS: codec checkpoint {codec!r} not found under "
                                         f"{comfy_paths.own_dir()}")
             codec_dir = os.path.realpath(found[codec])
+        with engine_errors("LoadQwen3TTS"):  # the widget's range: an engine holds more rows only for a server
+            checks.whole_number("max_takes", max_takes, 1, MAX_TAKES)
         # Every takes count up to max_takes is captured at load: no request waits for a capture.
         key = engine_cache.EngineConfig(model_dir=os.path.realpath(model_dir), device=engine_cache.comfy_device(),
                                         dtype=dtype, cuda_graphs=cuda_graphs, triton=triton, max_takes=int(max_takes),

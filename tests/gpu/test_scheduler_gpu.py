@@ -81,3 +81,32 @@ def test_cancel_under_graphs_frees_rows(tiny_checkpoints):
     assert not e._lock.busy
     alone = e.generate(_req("Next."), seed=2, params=p.replace(max_new_tokens=12))
     assert torch.equal(got[0][0], alone.codes[0])
+
+
+@pytest.mark.parametrize("triton", ["off", "on"])
+def test_sixty_four_rows_equal_each_alone(eos_checkpoint, triton):
+    """The largest row bucket: 26 requests of 1 to 4 takes (63 rows) fill a 64-row loop together, and each
+    request still equals itself generated alone."""
+    if triton == "on":
+        from engine import kernels
+
+        ok, why = kernels.available("cuda")
+        if not ok:
+            pytest.skip(why)
+    e = Engine.load(eos_checkpoint, device="cuda", dtype="fp32", cuda_graphs="on", triton=triton, max_seq_len=256,
+                    max_takes=64, warm_takes=64)
+    p = e.defaults.replace(max_new_tokens=60)
+    speakers = ("ryan", "vivian")
+    jobs = [(_req(f"Line {i} of the crowd, {'short' if i % 3 else 'a little longer than the others'}.",
+                  speaker=speakers[i % 2]), 1 + i % 4, 100 + i, p if i % 5 else p.greedy()) for i in range(26)]
+    assert sum(n for _, n, _, _ in jobs) == 63
+    late = e.runner.late_captures
+    with Scheduler(e, max_rows=64, chunk_frames=4, max_queue=64) as s:
+        tickets = [s.submit(req, takes=n, seed=seed, params=params) for req, n, seed, params in jobs]
+        joined = [_joined(t) for t in tickets]
+        assert s.stats()["slots"] == 64
+    for (req, n, seed, params), got in zip(jobs, joined):
+        alone = e.generate(req, takes=n, seed=seed, params=params)
+        for i in range(n):
+            assert torch.equal(got[i][0], alone.codes[i]), f"{req.text!r} take {i}"
+    assert e.runner.late_captures == late
