@@ -1,4 +1,5 @@
-"""LoadQwen3TTS: pick (or explicitly download) a checkpoint directory and load the engine."""
+"""LoadQwen3TTS: pick (or explicitly download) a checkpoint directory and load the engine, or reach a speech
+server that runs one (`server`), which every node then works against."""
 from __future__ import annotations
 
 import os
@@ -16,10 +17,29 @@ NO_DOWNLOAD = "no (use checkpoint)"
 NONE_FOUND = "(no checkpoint found - see tooltip)"
 DOWNLOAD_OPTIONS = [NO_DOWNLOAD, *paths.OFFICIAL_REPOS]
 CODEC_AUTO = "auto (its own, else a sibling's)"
+API_KEY_ENV = "QWEN3TTS_API_KEY"  # the server's own variable for its key, read here when api_key is empty
 
 
 def _codec_options() -> list[str]:
     return [CODEC_AUTO, *paths.codec_choices(comfy_paths.checkpoints())]
+
+
+def _describe_remote(engine) -> str:
+    info = engine.info
+    kernels = ", ".join(info.kernels) if info.kernels else "none"
+    lines = [f"{engine.model_id} on {engine.config.url}: {info.model_type} {info.model_size}"]
+    if info.random_weights:
+        lines.append("RANDOM weights (a test checkpoint): the audio is noise, not speech")
+    graphs = "on" if info.cuda_graphs else "off"
+    lines.append(f"server: device {info.device}, dtype {info.dtype}, CUDA graphs {graphs}, kernels: {kernels}")
+    lines.append(f"max_takes {engine.max_takes} (the server's --max-takes)")
+    lines += [f"note: {n}" for n in info.notes]
+    return "\n".join(lines)
+
+
+def _server_url(server) -> str | None:
+    """The server URL typed into `server`, or None when it is empty (run here)."""
+    return server.strip() if isinstance(server, str) and server.strip() else None
 
 
 def _describe(engine, name: str) -> str:
@@ -75,6 +95,16 @@ class LoadQwen3TTS(io.ComfyNode):
                                tooltip="The codec (speech_tokenizer/) to run with. auto: the checkpoint's own; a "
                                        "repacked folder without one borrows a compatible checkpoint's next to it. "
                                        "Or name the checkpoint whose codec to use. The info output says which."),
+                io.String.Input("server", default="", optional=True,
+                                tooltip="Empty: run here. Or the URL of a speech server on a GPU machine, e.g. "
+                                        "http://192.168.1.20:8000 (start it there with `python -m engine serve "
+                                        "--model <checkpoint folder> --host 0.0.0.0`): every node then runs on it, "
+                                        "and checkpoint, dtype, cuda_graphs, triton, max_takes, download and codec "
+                                        "are the server's. The same seed gives the same audio as here."),
+                io.String.Input("api_key", default="", optional=True,
+                                tooltip="The server's API key (its --api-key), when it has one. It is saved in the "
+                                        f"workflow as typed; leave it empty to use ComfyUI's {API_KEY_ENV} "
+                                        "environment variable instead."),
             ],
             outputs=[
                 Qwen3TTSModel.Output(display_name="model", tooltip="The loaded model for the generator nodes."),
@@ -84,13 +114,21 @@ class LoadQwen3TTS(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, checkpoint, dtype, cuda_graphs, triton, download=NO_DOWNLOAD,
-                        codec=CODEC_AUTO) -> bool | str:
+                        codec=CODEC_AUTO, server="") -> bool | str:
         for name, value, options in (("dtype", dtype, DTYPES), ("cuda_graphs", cuda_graphs, SWITCH),
                                      ("triton", triton, SWITCH),
                                      ("download", download, DOWNLOAD_OPTIONS), ("codec", codec, _codec_options())):
             ok = check_combo(name, value, options)
             if ok is not True:
                 return ok
+        if _server_url(server) is not None:  # the checkpoint is the server's
+            from ..engine.remote.http import parse_url
+
+            try:
+                parse_url(server)
+            except ValueError as exc:
+                return f"server: {exc}"
+            return True
         if download in (None, NO_DOWNLOAD) and checkpoint not in comfy_paths.checkpoints():
             return (f"checkpoint {checkpoint!r} not found. Put the checkpoint directory (with config.json) in "
                     f"{comfy_paths.own_dir()}, or choose a repo under 'download'.")
@@ -98,7 +136,16 @@ class LoadQwen3TTS(io.ComfyNode):
 
     @classmethod
     def execute(cls, checkpoint, dtype, cuda_graphs, triton, max_takes, download=NO_DOWNLOAD,
-                codec=CODEC_AUTO) -> io.NodeOutput:
+                codec=CODEC_AUTO, server="", api_key="") -> io.NodeOutput:
+        url = _server_url(server)
+        if url is not None:
+            key = api_key.strip() if isinstance(api_key, str) and api_key.strip() else os.environ.get(API_KEY_ENV)
+            with engine_errors("LoadQwen3TTS"):  # unreachable, a wrong key: the message says what to do
+                engine = engine_cache.connect(url, key)
+            info = _describe_remote(engine)
+            ref = engine_cache.ModelRef(key=engine.config, name=f"{engine.model_id} @ {engine.config.url}",
+                                        model_type=engine.model_type)
+            return io.NodeOutput(ref, info, ui={"text": [info]})
         if download and download != NO_DOWNLOAD:
             model_dir, name = comfy_paths.download(download), download.split("/", 1)[1]
         else:

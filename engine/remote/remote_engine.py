@@ -21,29 +21,16 @@ from .. import checks
 from ..callbacks import guarded
 from ..config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from ..engine import BatchItem, Chunk, Result
-from ..errors import GenerationInterrupted, InvalidInputError, ModeError
+from ..errors import GenerationInterrupted, InvalidInputError, ModeError, VoiceError
 from ..prompt import MODE_OF_MODEL, Request
 from ..sampling import MAX_NEW_TOKENS, SamplingParams
+from .config import RemoteConfig
 from .errors import ServerProtocolError
 from .http import Group, Server
 
 IN_FLIGHT = 16  # requests open at once; more wait on this side, never in the server's queue
 POLL_S = 0.05  # how often should_stop is asked while requests run
 NO_CODES = torch.zeros(0, 16, dtype=torch.long)  # the server sends audio only
-
-
-@dataclass(frozen=True)
-class RemoteConfig:
-    """How to reach a server, and the limits it reported: hashable, the key of the nodes' engine cache."""
-
-    url: str
-    api_key: str | None = field(default=None, repr=False)
-    max_takes: int = 4
-    max_seq_len: int = 4096
-
-    @property
-    def model_dir(self) -> str:  # where local configurations name their checkpoint
-        return self.url
 
 
 @dataclass
@@ -234,8 +221,13 @@ class RemoteEngine:
         return voice_from_bytes(data, "the server's voice")
 
     def check_voice(self, voice) -> None:
-        """The server checks a voice against its model with every request that carries it; here, its contents."""
+        """A voice of another model size is refused here, as a local engine refuses it; the server checks the
+        rest with every request that carries the voice."""
         voice.check_contents()
+        if self.info.model_size and voice.model_size != self.info.model_size:
+            raise VoiceError(f"this voice was extracted with a {voice.model_size} model but the server at "
+                             f"{self.server.url} runs a {self.info.model_size} model. Speaker embeddings do not carry "
+                             "over between model sizes: extract the voice again with this model.")
 
     def release(self) -> None:
         """Nothing is held here: the server keeps its model loaded."""
