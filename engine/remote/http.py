@@ -143,6 +143,9 @@ class Server:
             headers["Content-Type"] = "application/json"
         try:
             conn.connect()
+            if group is not None and group.cancelled:  # cancelled while connecting: abort() saw no socket yet
+                call.close()
+                raise GenerationInterrupted("cancelled")
             conn.sock.settimeout(READ_TIMEOUT_S)
             conn.request(method, self.prefix + path, body=data, headers=headers)
             call.response = conn.getresponse()

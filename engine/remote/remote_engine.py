@@ -259,6 +259,10 @@ class RemoteEngine:
         for k, i in rows:
             item = items[k]
             req = item.request
+            for name in ("non_streaming_mode", "icl"):
+                if getattr(req, name, None) is not None:
+                    raise InvalidInputError(f"a server request takes no {name}; leave it None (the server uses the "
+                                            "checkpoint's choice).")
             body = {"input": req.text, "language": req.language or "auto", "seed": item.seed, "takes": 1,
                     "first_take": item.first_take + i, "response_format": "json", "sample_format": "f32",
                     **sampling}
