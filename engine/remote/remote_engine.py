@@ -28,7 +28,7 @@ from .config import RemoteConfig
 from .errors import ServerProtocolError
 from .http import Group, Server
 
-IN_FLIGHT = 16  # requests open at once; more wait on this side, never in the server's queue
+IN_FLIGHT = 16  # requests open at once where the server does not say; more wait on this side
 POLL_S = 0.05  # how often should_stop is asked while requests run
 NO_CODES = torch.zeros(0, 16, dtype=torch.long)  # the server sends audio only
 
@@ -76,7 +76,7 @@ class RemoteEngine:
                                kernels=list(facts.get("kernels") or []), notes=list(facts.get("notes") or []),
                                random_weights=bool(facts.get("random_weights")),
                                server_summary=str(facts.get("summary", "")))
-        self.in_flight = IN_FLIGHT
+        self.in_flight = _in_flight(facts.get("max_queue"), facts.get("max_rows"))
 
     @classmethod
     def connect(cls, url: str, api_key: str | None = None) -> RemoteEngine:
@@ -311,6 +311,16 @@ class RemoteEngine:
                     f.cancel()
                 raise
         return results
+
+
+def _in_flight(max_queue, max_rows) -> int:
+    """Requests to keep open: enough to fill the server's rows (each take is a row), but never more than its
+    queue holds, since every request may wait before the loop admits it: a lone client is never refused."""
+    known = [n for n in (max_queue, max_rows) if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    if not known:
+        return IN_FLIGHT
+    want = max(IN_FLIGHT, max_rows) if max_rows in known else IN_FLIGHT
+    return min(want, max_queue) if max_queue in known else want
 
 
 def _float_wav(waveform, sample_rate: int) -> bytes:

@@ -21,7 +21,8 @@ VOICE_FIELDS = ("reference_audio", "reference_text")
 
 async def engine_facts(request: web.Request) -> web.Response:
     model: ServedModel = request.app[MODEL]
-    engine = getattr(request.app[BACKEND], "engine", None)  # a backend without a local engine: the defaults
+    backend = request.app[BACKEND]
+    engine = getattr(backend, "engine", None)  # a backend without a local engine: the defaults
     info = getattr(engine, "info", None)
     config = getattr(engine, "config", None)
     return web.json_response({
@@ -30,7 +31,20 @@ async def engine_facts(request: web.Request) -> web.Response:
         "model_size": getattr(info, "model_size", ""), "summary": info.summary() if info is not None else "",
         "device": getattr(info, "device", ""), "dtype": getattr(info, "dtype", ""),
         "cuda_graphs": bool(getattr(info, "cuda_graphs", False)), "kernels": list(getattr(info, "kernels", [])),
-        "notes": list(getattr(info, "notes", [])), "saved_voices": model.saved_voices()})
+        "notes": list(getattr(info, "notes", [])), "saved_voices": model.saved_voices(),
+        **_capacity(backend)})
+
+
+def _capacity(backend) -> dict:
+    """How many requests may wait (max_queue) and how many rows decode at once (max_rows), where the backend
+    says; a client keeps no more requests open than may wait, so it is never refused for a full queue alone."""
+    scheduler = getattr(backend, "scheduler", None)
+    max_queue = getattr(scheduler, "max_queue", getattr(backend, "max_queue", None))
+    try:
+        max_rows = backend.stats()["slots"]
+    except (AttributeError, KeyError, TypeError):
+        max_rows = None
+    return {"max_queue": max_queue, "max_rows": max_rows}
 
 
 async def extract_voice(request: web.Request) -> web.Response:

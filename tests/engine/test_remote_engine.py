@@ -155,19 +155,22 @@ def test_an_unreachable_server_names_the_url_and_how_to_start_it():
 
 
 def test_a_full_queue_is_retried_then_a_typed_error(custom, monkeypatch):
-    """The server holds 2 waiting requests: 8 long ones at once overflow it. With retries off the overflow is a
-    ServerBusyError saying to run again; with them on, every request gets through."""
+    """The server lets 2 requests wait. A client keeps at most 2 open, so alone it is never refused; 12 at once (as
+    from several clients) overflow it: with retries off the overflow is a ServerBusyError saying to run again,
+    with them on every request gets through."""
     from engine.remote import http
 
     _, remote = custom
-    params = remote.defaults.replace(max_new_tokens=6)
-    items = [BatchItem(_line(f"Line number {k}."), seed=k) for k in range(8)]
+    params = remote.defaults.replace(max_new_tokens=40)
+    items = [BatchItem(_line(f"Line number {k}."), seed=k) for k in range(12)]
     monkeypatch.setattr(http, "BUSY_RETRIES", 0)
+    assert remote.in_flight == 2 and len(remote.generate(items[:6], params=params)) == 6
+    monkeypatch.setattr(remote, "in_flight", 12)
     with pytest.raises(ServerBusyError, match="Run again"):
         remote.generate(items, params=params)
     monkeypatch.setattr(http, "BUSY_RETRIES", 50)
     monkeypatch.setattr(http.ServerBusyError, "retry_after", 0.05, raising=False)
-    assert len(remote.generate(items, params=params)) == 8
+    assert len(remote.generate(items, params=params)) == 12
 
 
 @pytest.mark.parametrize("how", ["generate", "stream"])
@@ -189,3 +192,39 @@ def test_should_stop_cuts_the_requests_off_and_the_server_serves_the_next(custom
         time.sleep(0.05)
     assert not server.backend.busy
     assert remote.generate(_line(), params=remote.defaults.replace(max_new_tokens=2)).lengths == [2 * 1920]
+
+
+def test_a_server_failure_and_a_server_of_another_kind_are_typed_errors(custom, monkeypatch):
+    """A 500 (the engine failed unexpectedly) is a ServerFailedError pointing at the server's log; an HTTP server
+    that is not this one is a ServerProtocolError saying so."""
+    import http.server
+
+    from engine.remote.errors import ServerFailedError, ServerProtocolError
+
+    server, remote = custom
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a broken backend")
+
+    monkeypatch.setattr(server.backend, "submit", broken)
+    with pytest.raises(ServerFailedError, match="server's log"):
+        remote.generate(_line(), params=remote.defaults.replace(max_new_tokens=2))
+    monkeypatch.undo()
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # the stdlib calls it by this name
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>a web page</html>")
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ServerProtocolError, match="not a Qwen3-TTS speech server"):
+            RemoteEngine.connect(f"http://127.0.0.1:{other.server_address[1]}")
+    finally:
+        other.shutdown()
