@@ -1,6 +1,7 @@
 """The example workflows with LoadQwen3TTS pointed at speech servers (`python -m engine serve`, one per tiny
-checkpoint, on the CPU) give the audio the same workflows give with the checkpoints loaded in ComfyUI; a server
-that cannot be reached is a node error that names its URL and how to start it."""
+checkpoint, on the CPU; one wants an API key) give the audio the same workflows give with the checkpoints loaded
+in ComfyUI; a server that cannot be reached, or a wrong key, is a node error that says what to do; cancelling in
+ComfyUI frees the server."""
 from __future__ import annotations
 
 import http.client
@@ -33,12 +34,19 @@ LOADER = "Qwen3TTSFast_LoadQwen3TTS"
 LSB = 1 / 32768
 
 
-def _start_server(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
+KEYS = {"Qwen3-TTS-12Hz-0.6B-CustomVoice": "custom-voice-key"}  # one server wants a key: the loader sends it
+
+
+def _start_server(model_dir: Path, log: Path, key: str | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(PACK)}
+    env.pop("QWEN3TTS_API_KEY", None)
+    if key:
+        env["QWEN3TTS_API_KEY"] = key
     with open(log, "w") as out:  # the child keeps its own copy of the file
         proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", str(model_dir), "--device",
                                  "cpu", "--port", str(port), "--max-takes", "4"], cwd=PACK, stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(PACK)})
+                                stderr=subprocess.STDOUT, env=env)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -64,7 +72,7 @@ def servers(comfy_base):
     try:
         for name in client.CHECKPOINTS:
             log = comfy_base / f"serve-{name}.log"
-            proc, url = _start_server(comfy_base / "models" / "qwen3_tts" / name, log)
+            proc, url = _start_server(comfy_base / "models" / "qwen3_tts" / name, log, KEYS.get(name))
             procs.append((proc, url, log))
             urls[name] = url
         for proc, url, log in procs:
@@ -99,6 +107,7 @@ def _prompt(c, name: str, servers: dict | None = None) -> dict:
     for node in prompt.values():
         if node["class_type"] == LOADER and servers is not None:
             node["inputs"]["server"] = servers[node["inputs"]["checkpoint"]]
+            node["inputs"]["api_key"] = KEYS.get(node["inputs"]["checkpoint"], "")
     return prompt
 
 
@@ -148,6 +157,18 @@ def test_an_unreachable_server_is_a_node_error_naming_it(comfy):
     prompt[loader]["inputs"]["server"] = "ftp://nowhere"
     status, body = comfy.queue(prompt)
     assert status == 400 and "http://HOST:PORT" in json.dumps(body["node_errors"][loader])
+
+
+def test_a_wrong_api_key_is_a_node_error_naming_the_input(comfy, servers):
+    prompt = _prompt(comfy, "qwen3tts_custom_voice_takes", servers)
+    loader = next(k for k, n in prompt.items() if n["class_type"] == LOADER)
+    prompt[loader]["inputs"]["api_key"] = "not-the-key"
+    status, body = comfy.queue(prompt)
+    assert status == 200, body
+    entry = comfy.wait(body["prompt_id"])
+    err = next(m[1] for m in entry["status"]["messages"] if m[0] == "execution_error")
+    assert str(err["node_id"]) == loader and err["exception_message"].startswith("LoadQwen3TTS: ")
+    assert "refused the API key" in err["exception_message"] and "api_key" in err["exception_message"]
 
 
 def _health(url: str) -> dict:
