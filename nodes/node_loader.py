@@ -67,7 +67,8 @@ class LoadQwen3TTS(io.ComfyNode):
             description="Loads a Qwen3-TTS-12Hz checkpoint directory (Base, CustomVoice or VoiceDesign) from "
                         "models/qwen3_tts/ or the folders other Qwen3-TTS packs use, and shows what actually "
                         "runs: device, dtype, CUDA graphs and kernels. The engine stays cached and is freed "
-                        "by ComfyUI's 'Unload models'.",
+                        "by ComfyUI's 'Unload models'. With 'server', it reaches a speech server on another machine "
+                        "(`python -m engine serve`) instead, and every node runs there.",
             inputs=[
                 io.Combo.Input("checkpoint", options=names, default=names[0],
                                tooltip="A checkpoint DIRECTORY (with config.json) under models/qwen3_tts/, "
