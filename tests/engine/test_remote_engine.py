@@ -87,6 +87,29 @@ def test_takes_and_lists_equal_the_local_engine(custom):
     assert progress and progress[-1][0] == sum(n // 1920 for r in results for n in r.lengths)
 
 
+def test_items_and_takes_run_side_by_side_on_the_servers_rows(custom):
+    """Each take of each item is its own request, and the requests are open together: the server's scheduler
+    decodes them in the same loop, as many at once as the client keeps open (its --max-queue, 2, here)."""
+    server, remote = custom
+    seen = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append(server.backend.stats()["running"])
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        remote.generate([BatchItem(_line("One line."), takes=2, seed=1), BatchItem(_line("Another."), seed=2)],
+                        params=remote.defaults.replace(max_new_tokens=60))
+    finally:
+        done.set()
+        watcher.join()
+    assert max(seen) == remote.in_flight == 2
+
+
 def test_a_stream_equals_the_local_stream(custom):
     server, remote = custom
     params = remote.defaults.replace(max_new_tokens=7)
