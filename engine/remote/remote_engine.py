@@ -236,13 +236,13 @@ class RemoteEngine:
 
     def _items(self, what, takes, seed, first_take, caller: str) -> tuple[list, bool]:
         if checks.same_kind(what, Request):
-            checks.whole_number("takes", takes, 1, self.max_takes, "The server's --max-takes is the most.")
             items, single = [BatchItem(what, takes=takes, seed=seed, first_take=first_take)], True
         elif isinstance(what, (list, tuple)) and all(checks.same_kind(x, BatchItem) for x in what):
             items, single = list(what), False
         else:
             raise InvalidInputError(f"{caller} takes a Request or a list of BatchItem (got {type(what).__name__}).")
         for item in items:
+            checks.whole_number("takes", item.takes, 1, self.max_takes, "The server's --max-takes is the most.")
             if item.request.mode != self.mode:
                 raise ModeError(f"the server's model is {self.model_type}, which serves mode '{self.mode}', not "
                                 f"'{item.request.mode}'; point the loader at a server of the right checkpoint.")
