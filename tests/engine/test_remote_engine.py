@@ -155,6 +155,9 @@ def test_a_refused_field_is_a_typed_error_naming_it(custom, base):
     assert err.value.param == "reference_audio" and "shorter than" in str(err.value)
     with pytest.raises(InvalidInputError):  # a ServerRequestError is the engine's InvalidInputError as well
         base_remote.extract_voice(wav, 16000, "\u200b")
+    for what, kwargs in ((_line(), {"takes": 5}), ([BatchItem(_line(), takes=0)], {})):
+        with pytest.raises(InvalidInputError, match="takes must be between 1 and 4.*--max-takes"):
+            remote.generate(what, **kwargs)  # refused before any request
 
 
 def test_a_wrong_key_names_the_api_key(custom):
