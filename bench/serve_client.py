@@ -99,14 +99,14 @@ async def wait_idle(client, url: str, timeout: float = 120.0) -> dict:
 
 
 async def speech(client, url: str, body, *, stop_after: int | None = None, give_up_s: float | None = None,
-                 rec: dict | None = None) -> dict:
+                 rec: dict | None = None, keep: bool = False) -> dict:
     """One POST /v1/audio/speech, timed. `body`: a dict sent as JSON, or bytes sent as they are.
 
     Returns {sent, status, first (first body byte), chunks: [[arrival, bytes]] (one per HTTP chunk, at its last
     byte), bytes, done (the body ended normally), error, json (an error's body), sha256}. `stop_after`: close the
     connection once that many body bytes came (a client that leaves mid-stream). `give_up_s`: close it if the
     headers have not come by then (a client that leaves while its request waits). `rec`: a dict to fill in place,
-    so a caller that cancels the call keeps what had come by then."""
+    so a caller that cancels the call keeps what had come by then. `keep`: also return the body, as `pcm`."""
     import hashlib
     import json
 
@@ -114,9 +114,9 @@ async def speech(client, url: str, body, *, stop_after: int | None = None, give_
 
     rec = {} if rec is None else rec
     rec.update({"sent": time.perf_counter(), "status": None, "first": None, "chunks": [], "bytes": 0, "done": False,
-                "error": None, "json": None, "sha256": None})
+                "error": None, "json": None, "sha256": None, "pcm": None})
     data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
-    digest, pending = hashlib.sha256(), 0
+    digest, pending, kept = hashlib.sha256(), 0, []
     try:
         post = client.post(f"{url}/v1/audio/speech", data=data, headers={"Content-Type": "application/json"})
         resp = await (asyncio.wait_for(post, give_up_s) if give_up_s is not None else post)
@@ -131,6 +131,8 @@ async def speech(client, url: str, body, *, stop_after: int | None = None, give_
                 if rec["first"] is None and piece:
                     rec["first"] = now
                 digest.update(piece)
+                if keep:
+                    kept.append(piece)
                 rec["bytes"] += len(piece)
                 pending += len(piece)
                 if end_of_chunk and pending:
@@ -144,6 +146,8 @@ async def speech(client, url: str, body, *, stop_after: int | None = None, give_
                 rec["chunks"].append([time.perf_counter(), pending])
             rec["done"] = True
             rec["sha256"] = digest.hexdigest()
+            if keep:
+                rec["pcm"] = b"".join(kept)
         finally:
             resp.release()
     except asyncio.TimeoutError:
