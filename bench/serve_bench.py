@@ -127,7 +127,7 @@ async def open_loop(url: str, mix: Mix, rate: float, duration: float, max_reques
             body, frames = mix.body(len(tasks))
             tasks.append((asyncio.create_task(speech(client, url, body)), frames))
         recs = [(await task, frames) for task, frames in tasks]
-        out = summarise(recs, exact, t0)
+        out = summarise(recs, exact, min((r["sent"] for r, _ in recs), default=t0))  # from the first send
         out["health_after"] = await health(client, url)
         await wait_idle(client, url)
     return out, recs
@@ -298,8 +298,16 @@ def _option(argv: list, name: str, default):
 
 
 def _plain(recs: list) -> list:
-    return [{**{k: r.get(k) for k in ("sent", "status", "first", "bytes", "done", "error")}, "frames": f,
-             "chunks": r.get("chunks", [])} for r, f in recs]
+    """The records to keep, their times in s from the phase's first send (write_json keeps 6 digits: a
+    perf_counter reading would lose its milliseconds)."""
+    t0 = min((r["sent"] for r, _ in recs if "sent" in r), default=0.0)
+
+    def since(t):
+        return None if t is None else t - t0
+
+    return [{"sent": since(r.get("sent")), "first": since(r.get("first")), "status": r.get("status"),
+             "bytes": r.get("bytes"), "done": r.get("done"), "error": r.get("error"), "frames": f,
+             "chunks": [[since(t), n] for t, n in r.get("chunks", [])]} for r, f in recs]
 
 
 def _brief(s: dict) -> dict:
