@@ -66,12 +66,23 @@ async def api_key(request: web.Request, handler):
     return await handler(request)
 
 
+def device_memory(engine) -> int | None:
+    """Bytes of tensors the engine's CUDA device holds (torch's allocator), for telling a leak from a steady
+    state; None off CUDA, where torch does not count them."""
+    if engine.device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.memory_allocated(engine.device)
+
+
 async def health(request: web.Request) -> web.Response:
     backend: Backend = request.app[BACKEND]
     stats = backend.stats()
     return web.json_response({"status": "ok", "model": request.app[MODEL].id, "busy": stats["running"] > 0,
                               "queued": stats["waiting"], "running": stats["running"], "rows": stats["rows"],
-                              "max_rows": stats["slots"], "requests": vars(backend.counts)})
+                              "max_rows": stats["slots"], "requests": vars(backend.counts),
+                              "memory": device_memory(backend.engine)})
 
 
 async def models(request: web.Request) -> web.Response:

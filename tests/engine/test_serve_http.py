@@ -78,6 +78,7 @@ LINE = {"input": "The server speaks.", "voice": "ryan", "max_new_tokens": 6, "se
 def test_health_models_and_voices(custom):
     status, health = custom.json("GET", "/health", key=None)  # open without the key
     assert status == 200 and health["status"] == "ok" and health["model"] == "custom_voice"
+    assert health["memory"] is None  # GPU memory only: torch counts no CPU tensors
     status, models = custom.json("GET", "/v1/models")
     assert status == 200 and models["object"] == "list" and len(models["data"]) == 1
     card = models["data"][0]
