@@ -36,11 +36,13 @@ class ServerProcess:
                                      stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
         self.lines: collections.deque = collections.deque(maxlen=400)
         self.url = None
+        self.tracebacks = 0  # over the whole log, not only the lines kept
         found = threading.Event()
 
         def read():
             for line in self.proc.stderr:
                 self.lines.append(line.rstrip("\n"))
+                self.tracebacks += line.startswith("Traceback")
                 m = STARTED.search(line)
                 if m and self.url is None:
                     self.url = f"http://{m.group(1)}:{m.group(2)}"

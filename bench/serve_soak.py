@@ -64,9 +64,10 @@ BAD = [
 ]
 
 
-def plan(n: int, rng: random.Random, frames: tuple[int, int], voice: str) -> list[dict]:
+def plan(n: int, rng: random.Random, frames: tuple[int, int], voice: str, leave_frames: int = 0) -> list[dict]:
     """n actions: {kind, body, frames, ...}; every body is a good request of a random line, seed and length,
-    changed for a bad one."""
+    changed for a bad one. leave_frames: the length of the requests whose client leaves before any audio (0: a
+    random one like the others); a long one that the server failed to cancel would hold its row long after."""
     kinds, weights = zip(*KINDS.items(), strict=True)
     actions = []
     for i in range(n):
@@ -81,7 +82,10 @@ def plan(n: int, rng: random.Random, frames: tuple[int, int], voice: str) -> lis
         if kind == "leave_mid_stream":
             action["stop_after"] = rng.randint(1, max(1, count - 1)) * FRAME_BYTES - 1
         elif kind == "leave_waiting":
-            action["give_up_s"] = rng.uniform(0.0, 0.05)
+            # half while the server reads and submits the request, half while it waits for rows or its prefill
+            action["give_up_s"] = rng.uniform(0.0, 0.005 if rng.random() < 0.5 else 0.05)
+            if leave_frames:
+                body["max_new_tokens"] = action["frames"] = leave_frames
         elif kind == "bad":
             what, change, param, status = BAD[rng.randrange(len(BAD))]
             action.update(what=what, body=change(body), param=param, status=status)
@@ -187,7 +191,7 @@ def run(args, server_args: list) -> dict:
         voice = voice_file.stem
     rng = random.Random(args.seed)
     frames = tuple(args.frames)
-    actions = plan(args.requests, rng, frames, voice)
+    actions = plan(args.requests, rng, frames, voice, args.leave_frames)
     report = {"model": str(model), "requests": args.requests, "concurrency": args.concurrency, "frames": frames,
               "server_args": list(map(str, server_args)), "checks": {}}
     with ServerProcess(model, server_args) as server:
@@ -206,7 +210,7 @@ def run(args, server_args: list) -> dict:
         equal = asyncio.run(replay(url, sorted(check, key=lambda a: a["i"])))
         report["replay_s"] = time.perf_counter() - t0
         end_health = asyncio.run(final_health(url))
-        log = server.log()
+        tracebacks = server.tracebacks
     report.update(health_after_warm_up=base_health, health_after_soak=after, health_at_end=end_health)
     kinds = {}
     for a in actions:
@@ -229,8 +233,9 @@ def run(args, server_args: list) -> dict:
     c["every response as expected"] = not report["problems"]
     c["server up, nothing queued or running, no rows"] = (
         after.get("status") == "ok" and (after["queued"], after["running"], after["rows"]) == (0, 0, 0))
+    c[f"rows free within {args.idle_within:g} s of the last client"] = report["idle_after_s"] <= args.idle_within
     c["engine counted no failure"] = after["requests"]["failed"] == 0
-    c["no traceback in the server log"] = "Traceback" not in log
+    c["no traceback in the server log"] = tracebacks == 0
     c["memory back to its level after warm-up"] = (report["memory_delta_bytes"] is None
                                                    or abs(report["memory_delta_bytes"]) <= args.memory_slack_mb << 20)
     c["completed requests equal the same request alone"] = not unequal
@@ -263,6 +268,11 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
     ap.add_argument("--frames", type=int, nargs=2, default=[13, 60], metavar=("MIN", "MAX"),
                     help="frames each request decodes (12.5 a second)")
+    ap.add_argument("--leave-frames", type=int, default=0,
+                    help="frames of the requests left before any audio (0: like the others); long ones show a "
+                         "request that runs on after its client left")
+    ap.add_argument("--idle-within", type=float, default=5.0,
+                    help="s after the last client by which every row must be free")
     ap.add_argument("--verify", type=int, default=0, help="completed requests replayed alone (0: all)")
     ap.add_argument("--pcm-tolerance", type=int, default=1,
                     help="allowed sample difference from the same request alone, in steps of the last bit")
