@@ -67,8 +67,12 @@ async def api_key(request: web.Request, handler):
 
 async def health(request: web.Request) -> web.Response:
     backend: Backend = request.app[BACKEND]
-    return web.json_response({"status": "ok", "model": request.app[MODEL].id, "busy": backend.busy,
-                              "queued": backend.queued, "requests": vars(backend.counts)})
+    body = {"status": "ok", "model": request.app[MODEL].id, "busy": backend.busy, "queued": backend.queued,
+            "requests": vars(backend.counts)}
+    replicas = getattr(backend, "replicas", None)  # a backend of several engines (serve --ray) lists them
+    if replicas is not None:
+        body["replicas"] = await replicas()
+    return web.json_response(body)
 
 
 async def models(request: web.Request) -> web.Response:

@@ -1,0 +1,134 @@
+"""The server's backend over engine replicas on Ray Serve (`serve --ray`), with the local Backend's interface:
+`submit(...) -> ticket` (async-iterable of engine Chunks, `cancel()`), `extract_voice`, `queued`, `busy`,
+`counts`, `close()`, plus `replicas()` for /health.
+
+Every call goes through one DeploymentHandle, so Ray Serve's router picks the replica (the one with fewer
+requests in flight, of two drawn at random) and holds requests past every replica's max_ongoing_requests in
+its own queue, up to max_queued_requests; past that a request gets QueueFullError (503).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ..engine import Chunk
+from ..errors import QueueFullError
+from .backend import Counts
+
+log = logging.getLogger(__name__)
+HEALTH_TIMEOUT_S = 2.0  # /health waits this long for the replicas' stats, then shows the ones that answered
+
+
+def unwrapped(exc: BaseException) -> BaseException:
+    """The error a replica raised, out of Ray's wrapper, so that the API answers it as the local server would
+    (a Qwen3TTSError is the request's 4xx); Ray Serve's own back-pressure error as QueueFullError."""
+    from ray.exceptions import RayTaskError
+    from ray.serve.exceptions import BackPressureError
+
+    if isinstance(exc, BackPressureError):
+        return QueueFullError("every engine replica is busy and the server's queue is full (its --max-queue); "
+                              "try again shortly.")
+    if isinstance(exc, RayTaskError) and isinstance(exc.cause, Exception):
+        return exc.cause
+    return exc
+
+
+class RayTicket:
+    """One request's chunks from a replica's streaming response; `cancel()` cancels that response, which ends
+    the replica's generator and cancels its engine ticket."""
+
+    def __init__(self, response, backend: RayBackend):
+        self._response = response
+        self._backend = backend
+        self._started = self._done = False
+        backend._waiting += 1
+        backend._open += 1
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._response.cancel()
+            self._end("cancelled")
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            piece = await self._response.__anext__()
+        except StopAsyncIteration:
+            self._end("completed")
+            raise
+        except Exception as exc:  # noqa: BLE001 - each is re-raised, Ray's wrapper taken off
+            self._end("failed")
+            raise unwrapped(exc) from None
+        if not self._started:
+            self._started = True
+            self._backend._waiting -= 1
+        return Chunk(item=0, take=piece.take, audio=torch.from_numpy(np.array(piece.audio, np.float32)),
+                     codes=torch.from_numpy(np.array(piece.codes)), index=piece.index, final=piece.final,
+                     elapsed_s=piece.elapsed_s)
+
+    def _end(self, outcome: str) -> None:
+        self._done = True
+        counts = self._backend.counts
+        setattr(counts, outcome, getattr(counts, outcome) + 1)
+        if not self._started:
+            self._backend._waiting -= 1
+        self._backend._open -= 1
+
+
+class RayBackend:
+    def __init__(self, handle, replicas: int, on_close=None):
+        self.handle = handle
+        self._stream = handle.options(stream=True)
+        self.replica_count = replicas
+        self.counts = Counts()
+        self._waiting = 0  # sent, no audio back yet: in Ray Serve's queue or a replica's
+        self._open = 0
+        self._on_close = on_close
+
+    def submit(self, request, *, takes: int = 1, seed: int = 0, first_take: int = 0, params=None,
+               chunk_frames: int = 8, first_chunk_frames: int = 0) -> RayTicket:
+        options = {"takes": takes, "seed": seed, "first_take": first_take, "params": params,
+                   "chunk_frames": chunk_frames, "first_chunk_frames": first_chunk_frames}
+        return RayTicket(self._stream.stream.remote(request, options), self)
+
+    async def extract_voice(self, waveform, sample_rate: int, ref_text: str | None):
+        """Extracted on a replica (the front loads no engine); the voice comes back as CPU tensors."""
+        try:
+            return await self.handle.extract_voice.remote(np.asarray(waveform, np.float32), sample_rate, ref_text)
+        except Exception as exc:  # noqa: BLE001 - each is re-raised, Ray's wrapper taken off
+            raise unwrapped(exc) from None
+
+    @property
+    def queued(self) -> int:
+        return self._waiting
+
+    @property
+    def busy(self) -> bool:
+        return self._open > 0
+
+    async def replicas(self) -> dict:
+        """The replica count and, where this Ray Serve can ask every replica (broadcast), each one's
+        waiting / running requests and rows in use."""
+        out = {"count": self.replica_count}
+        broadcast = getattr(self.handle, "broadcast", None)
+        if broadcast is None:
+            return out
+        try:
+            answers = await broadcast("stats").results_async(timeout_s=HEALTH_TIMEOUT_S, return_exceptions=True)
+        except Exception as exc:  # noqa: BLE001 - /health still answers; the replica list is what is missing
+            log.warning("the replicas' stats did not come: %s", exc)
+            return out
+        out["each"] = sorted((a for a in answers if isinstance(a, dict)), key=lambda a: a["replica"])
+        out["answered"] = len(out["each"])
+        return out
+
+    def close(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
