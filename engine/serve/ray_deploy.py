@@ -68,9 +68,10 @@ def _voice_fits(cfg, voice) -> None:
 
 
 def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int, max_queue: int,
-           chunk_frames: int, voices_dir: Path | None = None):
-    """Deploy the replicas on the connected cluster -> (RayBackend, ServedModel, summary). Raises the load
-    error of a replica that could not load the checkpoint (the deployment is removed then)."""
+           chunk_frames: int, voices_dir: Path | None = None, app: str = APP):
+    """Deploy the replicas on the connected cluster as Serve application `app` -> (RayBackend, ServedModel,
+    summary). Raises the load error of a replica that could not load the checkpoint (the application is
+    removed then)."""
     ray, serve = import_ray()
     from .ray_backend import RayBackend, unwrapped
     from .ray_replica import EngineReplica
@@ -84,18 +85,18 @@ def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int,
     replica_load = {**load, "device": chosen.device,
                     "codec_dir": None if load.get("codec_dir") is None else str(load["codec_dir"])}
     serve.start(proxy_location="Disabled")  # our aiohttp front serves HTTP; Ray's proxy is not needed
-    handle = serve.run(deployment.bind(str(model_dir), replica_load, max_takes, ongoing, chunk_frames), name=APP,
+    handle = serve.run(deployment.bind(str(model_dir), replica_load, max_takes, ongoing, chunk_frames), name=app,
                        route_prefix=None)
     try:
         card = _card(handle, unwrapped)
     except BaseException:
-        serve.delete(APP)
+        serve.delete(app)
         raise
     model = ServedModel(id=card["id"], model_type=card["model_type"], mode=card["mode"], speakers=card["speakers"],
                         languages=card["languages"], max_takes=max_takes, defaults=card["defaults"],
                         check_voice=functools.partial(_voice_fits, card["cfg"]), voices_dir=voices_dir,
                         random_weights=card["random_weights"])
-    backend = RayBackend(handle, chosen.replicas, on_close=lambda: serve.delete(APP))
+    backend = RayBackend(handle, chosen.replicas, on_close=lambda: serve.delete(app))
     return backend, model, f"{chosen.replicas} replica(s) on {chosen.device}, each {card['summary']}"
 
 

@@ -45,6 +45,7 @@ class EngineReplica:
         self.name = _replica_name()
         self.load_error: Qwen3TTSError | None = None
         self.engine = self.scheduler = None
+        self.served = 0  # requests that reached the scheduler
         try:
             self.engine = Engine.load(model_dir, max_takes=max_takes, warm_takes=max_takes, **load)
         except Qwen3TTSError as exc:
@@ -70,11 +71,12 @@ class EngineReplica:
                 "random_weights": engine.info.random_weights, "summary": engine.info.summary()}
 
     async def stats(self) -> dict:
-        """This replica's scheduler: waiting and running requests, rows in use, slots."""
+        """This replica's scheduler: waiting and running requests, rows in use, slots; requests served."""
         if self.scheduler is None:
             return {"replica": self.name, "error": str(self.load_error)}
         stats = self.scheduler.stats()
-        return {"replica": self.name, **{k: stats[k] for k in ("waiting", "running", "rows", "slots")}}
+        return {"replica": self.name, **{k: stats[k] for k in ("waiting", "running", "rows", "slots")},
+                "served": self.served}
 
     async def stream(self, request, options: dict):
         """The request's chunks as Pieces. A caller that cancels (the front's client left) ends this
@@ -82,6 +84,7 @@ class EngineReplica:
         loop at the next chunk boundary."""
         self._loaded()
         ticket = self.scheduler.submit(request, **options)
+        self.served += 1
         try:
             async for chunk in ticket:
                 yield Piece(chunk.take, chunk.audio.numpy(), chunk.codes.numpy(), chunk.index, chunk.final,
