@@ -8,6 +8,7 @@ its own queue, up to max_queued_requests; past that a request gets QueueFullErro
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import numpy as np
@@ -82,8 +83,9 @@ class RayTicket:
 
 
 class RayBackend:
-    def __init__(self, handle, replicas: int, on_close=None):
+    def __init__(self, handle, replicas: int, board=None, on_close=None):
         self.handle = handle
+        self.board = board  # the replicas' stats (engine/serve/ray_board.py)
         self._stream = handle.options(stream=True)
         self.replica_count = replicas
         self.counts = Counts()
@@ -95,7 +97,11 @@ class RayBackend:
                chunk_frames: int = 8, first_chunk_frames: int = 0) -> RayTicket:
         options = {"takes": takes, "seed": seed, "first_take": first_take, "params": params,
                    "chunk_frames": chunk_frames, "first_chunk_frames": first_chunk_frames}
-        return RayTicket(self._stream.stream.remote(request, options), self)
+        try:
+            response = self._stream.stream.remote(request, options)
+        except Exception as exc:  # noqa: BLE001 - re-raised, Ray's wrapper taken off
+            raise unwrapped(exc) from None
+        return RayTicket(response, self)
 
     async def extract_voice(self, waveform, sample_rate: int, ref_text: str | None):
         """Extracted on a replica (the front loads no engine); the voice comes back as CPU tensors."""
@@ -113,19 +119,16 @@ class RayBackend:
         return self._open > 0
 
     async def replicas(self) -> dict:
-        """The replica count and, where this Ray Serve can ask every replica (broadcast), each one's
-        waiting / running requests and rows in use."""
+        """The replica count and each replica's waiting / running requests, rows in use and requests served,
+        as last posted to the stats board (a replica silent for a few seconds is left out)."""
         out = {"count": self.replica_count}
-        broadcast = getattr(self.handle, "broadcast", None)
-        if broadcast is None:
+        if self.board is None:
             return out
         try:
-            answers = await broadcast("stats").results_async(timeout_s=HEALTH_TIMEOUT_S, return_exceptions=True)
+            out["each"] = await asyncio.wait_for(asyncio.wrap_future(self.board.read.remote().future()),
+                                                 HEALTH_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - /health still answers; the replica list is what is missing
             log.warning("the replicas' stats did not come: %s", exc)
-            return out
-        out["each"] = sorted((a for a in answers if isinstance(a, dict)), key=lambda a: a["replica"])
-        out["answered"] = len(out["each"])
         return out
 
     def close(self) -> None:

@@ -73,6 +73,7 @@ def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int,
     summary). Raises the load error of a replica that could not load the checkpoint (the application is
     removed then)."""
     ray, serve = import_ray()
+    from . import ray_board
     from .ray_backend import RayBackend, unwrapped
     from .ray_replica import EngineReplica
 
@@ -84,19 +85,26 @@ def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int,
                                   ray_actor_options=chosen.actor_options)
     replica_load = {**load, "device": chosen.device,
                     "codec_dir": None if load.get("codec_dir") is None else str(load["codec_dir"])}
+    board_name = f"{app}-board"
+    board = ray_board.create(board_name)
     serve.start(proxy_location="Disabled")  # our aiohttp front serves HTTP; Ray's proxy is not needed
-    handle = serve.run(deployment.bind(str(model_dir), replica_load, max_takes, ongoing, chunk_frames), name=app,
-                       route_prefix=None)
+
+    def remove() -> None:
+        serve.delete(app)
+        ray.kill(board)
+
     try:
+        handle = serve.run(deployment.bind(str(model_dir), replica_load, max_takes, ongoing, chunk_frames,
+                                           board_name), name=app, route_prefix=None)
         card = _card(handle, unwrapped)
     except BaseException:
-        serve.delete(app)
+        remove()
         raise
     model = ServedModel(id=card["id"], model_type=card["model_type"], mode=card["mode"], speakers=card["speakers"],
                         languages=card["languages"], max_takes=max_takes, defaults=card["defaults"],
                         check_voice=functools.partial(_voice_fits, card["cfg"]), voices_dir=voices_dir,
                         random_weights=card["random_weights"])
-    backend = RayBackend(handle, chosen.replicas, on_close=lambda: serve.delete(app))
+    backend = RayBackend(handle, chosen.replicas, board, on_close=remove)
     return backend, model, f"{chosen.replicas} replica(s) on {chosen.device}, each {card['summary']}"
 
 

@@ -38,7 +38,8 @@ class EngineReplica:
     rows. A load error is kept, not raised: Ray Serve would retry a failing constructor, while the front asks
     every replica's card() first and shows the load error once."""
 
-    def __init__(self, model_dir: str, load: dict, max_takes: int, max_queue: int, chunk_frames: int):
+    def __init__(self, model_dir: str, load: dict, max_takes: int, max_queue: int, chunk_frames: int,
+                 board: str | None = None):
         from ..engine import Engine
         from ..scheduler import Scheduler
 
@@ -52,6 +53,11 @@ class EngineReplica:
             self.load_error = exc
             return
         self.scheduler = Scheduler(self.engine, max_queue=max_queue, chunk_frames=chunk_frames)
+        self.poster = None
+        if board is not None:  # /health's per-replica stats (engine/serve/ray_board.py)
+            from .ray_board import Poster
+
+            self.poster = Poster(board, self.name, self.current_stats)
 
     def _loaded(self):
         if self.load_error is not None:
@@ -70,7 +76,7 @@ class EngineReplica:
                 "languages": list(engine.languages or []), "defaults": engine.defaults, "cfg": engine.cfg,
                 "random_weights": engine.info.random_weights, "summary": engine.info.summary()}
 
-    async def stats(self) -> dict:
+    def current_stats(self) -> dict:
         """This replica's scheduler: waiting and running requests, rows in use, slots; requests served."""
         if self.scheduler is None:
             return {"replica": self.name, "error": str(self.load_error)}
@@ -101,6 +107,11 @@ class EngineReplica:
                if hasattr(getattr(voice, f.name), "cpu")}
         return dataclasses.replace(voice, **cpu)
 
+    async def stats(self) -> dict:
+        return self.current_stats()
+
     def __del__(self):
+        if getattr(self, "poster", None) is not None:
+            self.poster.stop()
         if self.scheduler is not None:
             self.scheduler.close(timeout=5)

@@ -45,7 +45,8 @@ def cluster():
 def _deploy(path, replicas: int, app: str, **kwargs):
     from engine.serve.ray_deploy import deploy
 
-    return deploy(path, LOAD, replicas=replicas, max_takes=4, max_queue=8, chunk_frames=2, app=app, **kwargs)
+    return deploy(path, LOAD, replicas=replicas, app=app, **{"max_takes": 4, "max_queue": 8, "chunk_frames": 2,
+                                                             **kwargs})
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,22 @@ def _each(server) -> list:
     return health["replicas"]["each"]
 
 
+def _until(server, holds, what: str, within_s: float = 10.0) -> list:
+    """Poll /health until `holds(replicas)` (the replicas post their stats every fraction of a second)."""
+    deadline = time.monotonic() + within_s
+    while not holds(each := _each(server)):
+        assert time.monotonic() < deadline, f"{what}: {each}"
+        time.sleep(0.1)
+    return each
+
+
+def _idle(each: list) -> bool:
+    return not any(r["rows"] or r["running"] or r["waiting"] for r in each)
+
+
 def test_health_lists_both_replicas_and_the_usual_keys(custom):
     remote, local = custom
+    _until(remote, lambda each: len(each) == 2, "not both replicas post their stats")
     _, health = remote.json("GET", "/health")
     _, local_health = local.json("GET", "/health")
     assert set(local_health) <= set(health)
@@ -145,21 +160,47 @@ def test_an_error_raised_on_the_replica_is_the_local_servers_error(custom):
 def test_a_client_that_leaves_mid_stream_frees_its_rows_on_the_replica(custom):
     remote, _ = custom
     _, before = remote.json("GET", "/health")
-    conn = http.client.HTTPConnection(remote.host, remote.port, timeout=60)
-    conn.request("POST", "/v1/audio/speech", json.dumps({**LINE, "stream": True, "max_new_tokens": 100000}),
-                 {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    assert response.status == 200 and response.read(1920)  # audio flows: the request holds a row
-    held = [r for r in _each(remote) if r["rows"]]
-    assert len(held) == 1 and held[0]["rows"] == 1 and held[0]["running"] == 1, held
+    conn = _open_stream(remote, read=True)  # audio flows: the request holds a row
+    held = _until(remote, lambda each: any(r["rows"] for r in each), "no replica shows the request's row")
+    assert sorted((r["rows"], r["running"]) for r in held) == [(0, 0), (1, 1)]
     conn.close()
-    deadline = time.monotonic() + 10  # the whole request (the tiny model's 4096-frame cache) runs about a minute
-    while any(r["rows"] or r["running"] or r["waiting"] for r in _each(remote)):
-        assert time.monotonic() < deadline, f"rows still held after the client left: {_each(remote)}"
-        time.sleep(0.2)
+    # the whole request (the tiny model's 4096-frame cache) would run about a minute
+    _until(remote, _idle, "rows still held after the client left")
     _, after = remote.json("GET", "/health")
     assert after["requests"]["cancelled"] == before["requests"]["cancelled"] + 1
     assert not after["busy"] and after["queued"] == 0
+
+
+def _open_stream(server, read: bool) -> http.client.HTTPConnection:
+    """A streamed request of about a minute; with `read`, once its first audio has come."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    conn.request("POST", "/v1/audio/speech", json.dumps({**LINE, "stream": True, "max_new_tokens": 100000}),
+                 {"Content-Type": "application/json"})
+    if read:
+        response = conn.getresponse()
+        assert response.status == 200 and response.read(1920)
+    return conn
+
+
+def test_past_the_replicas_and_the_queue_a_request_gets_503(cluster, tiny_checkpoints):
+    """One replica of one row and a queue of one: it takes two requests (one running, one waiting in its
+    scheduler), Ray Serve holds a third, and the fourth gets 503; all of them leave freeing the replica."""
+    backend, model, _ = _deploy(tiny_checkpoints["custom_voice"], 1, "test-full", max_takes=1, max_queue=1)
+    server = ServerThread(backend=backend, model=model)
+    try:
+        held = [_open_stream(server, read=True)]
+        held += [_open_stream(server, read=False) for _ in range(2)]
+        _until(server, lambda each: each and each[0]["waiting"] == 1, "the second request does not wait")
+        assert server.json("GET", "/health")[1]["queued"] == 2  # the second, and the third in Ray Serve's queue
+        status, headers, body = server.speech(**LINE)
+        assert status == 503 and headers["retry-after"] == "1", body
+        assert json.loads(body)["error"]["code"] == "server_busy"
+        for conn in held:
+            conn.close()
+        _until(server, _idle, "rows still held after the clients left")
+        assert _ok(server, **LINE)  # served again
+    finally:
+        server.stop()
 
 
 def _reference_wav() -> bytes:
