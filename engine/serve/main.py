@@ -73,8 +73,7 @@ def _serve_ray(args) -> int:
     try:
         started_here = connect(args.ray_address)
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        print(f"error: cannot join the Ray cluster at {args.ray_address} ({exc}); start it with `ray start --head` "
-              "and give its address (or auto on that machine) as --ray-address.", file=sys.stderr)
+        print(f"error: cannot join the Ray cluster at {args.ray_address} ({exc}); {_join_hint(exc)}", file=sys.stderr)
         return 2
     try:
         try:
@@ -89,6 +88,18 @@ def _serve_ray(args) -> int:
         return _serve_until_stopped(lambda: parts, args)
     finally:
         disconnect(started_here)
+
+
+def _join_hint(exc: BaseException) -> str:
+    """What to do when ray.init cannot join the cluster: the cluster's auth token, when that was refused."""
+    causes = []
+    while exc is not None:
+        causes.append(str(exc))
+        exc = exc.__cause__
+    if any("InvalidAuthToken" in c or "AuthenticationError" in c for c in causes):
+        return ("the cluster wants its authentication token: run with RAY_AUTH_MODE=token and the token of "
+                "`ray get-auth-token` (on the head) in ~/.ray/auth_token or the RAY_AUTH_TOKEN variable.")
+    return "start it with `ray start --head` and give its address (or auto on that machine) as --ray-address."
 
 
 def _public(host: str) -> bool:

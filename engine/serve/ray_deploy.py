@@ -59,8 +59,22 @@ def connect(address: str | None) -> bool:
     ray, _ = import_ray()
     if ray.is_initialized():
         return False
-    ray.init(address=address, logging_level=logging.WARNING)
+    if address is not None and ":" in address and "://" not in address:
+        _check_reachable(address)
+    # "local": a cluster of this process's own, never one that `ray start` left running here
+    ray.init(address=address or "local", logging_level=logging.WARNING)
     return address is None
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """ConnectionError at once when nothing listens at HOST:PORT (Ray itself retries for minutes)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as exc:
+        raise ConnectionError(f"nothing answers at {address}: {exc}") from None
 
 
 def _voice_fits(cfg, voice) -> None:

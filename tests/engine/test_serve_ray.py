@@ -35,7 +35,7 @@ def cluster():
     import ray
     from ray import serve
 
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=80 << 20, logging_level="WARNING",
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=80 << 20, logging_level="WARNING",
              log_to_driver=False)
     yield ray
     serve.shutdown()
