@@ -4,7 +4,10 @@
 
 Every call goes through one DeploymentHandle, so Ray Serve's router picks the replica (the one with fewer
 requests in flight, of two drawn at random) and holds requests past every replica's max_ongoing_requests in
-its own queue, up to max_queued_requests; past that a request gets QueueFullError (503).
+its own queue. The backend bounds that queue itself: past `capacity` requests in flight (every replica's
+max_ongoing_requests, plus the server's --max-queue) a request gets QueueFullError (503) at once. Ray Serve's
+own bound (max_queued_requests) is left off: it also counts requests still being handed to a replica, so a
+burst would be refused while replicas have room.
 """
 from __future__ import annotations
 
@@ -24,13 +27,9 @@ HEALTH_TIMEOUT_S = 2.0  # /health waits this long for the replicas' stats, then 
 
 def unwrapped(exc: BaseException) -> BaseException:
     """The error a replica raised, out of Ray's wrapper, so that the API answers it as the local server would
-    (a Qwen3TTSError is the request's 4xx); Ray Serve's own back-pressure error as QueueFullError."""
+    (a Qwen3TTSError is the request's 4xx)."""
     from ray.exceptions import RayTaskError
-    from ray.serve.exceptions import BackPressureError
 
-    if isinstance(exc, BackPressureError):
-        return QueueFullError("every engine replica is busy and the server's queue is full (its --max-queue); "
-                              "try again shortly.")
     if isinstance(exc, RayTaskError) and isinstance(exc.cause, Exception):
         return exc.cause
     return exc
@@ -83,8 +82,10 @@ class RayTicket:
 
 
 class RayBackend:
-    def __init__(self, handle, replicas: int, board=None, on_close=None):
+    def __init__(self, handle, replicas: int, per_replica: int, max_queue: int, board=None, on_close=None):
         self.handle = handle
+        self.max_queue = max_queue
+        self.capacity = replicas * per_replica + max_queue  # requests in flight, beyond which one gets 503
         self.board = board  # the replicas' stats (engine/serve/ray_board.py)
         self._stream = handle.options(stream=True)
         self.replica_count = replicas
@@ -95,6 +96,9 @@ class RayBackend:
 
     def submit(self, request, *, takes: int = 1, seed: int = 0, first_take: int = 0, params=None,
                chunk_frames: int = 8, first_chunk_frames: int = 0) -> RayTicket:
+        if self._open >= self.capacity:
+            raise QueueFullError(f"every engine replica is busy and {self.max_queue} requests wait already (the "
+                                 "server's --max-queue); try again shortly.")
         options = {"takes": takes, "seed": seed, "first_take": first_take, "params": params,
                    "chunk_frames": chunk_frames, "first_chunk_frames": first_chunk_frames}
         try:

@@ -95,8 +95,9 @@ def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int,
     rows = max_takes  # the Scheduler's rows (its default, the engine's max_takes)
     ongoing = rows + max_queue  # a replica takes this many requests; the router queues the rest
     deployment = serve.deployment(EngineReplica, name=DEPLOYMENT, num_replicas=chosen.replicas,
-                                  max_ongoing_requests=ongoing, max_queued_requests=max_queue,
-                                  ray_actor_options=chosen.actor_options)
+                                  max_ongoing_requests=ongoing,
+                                  ray_actor_options=chosen.actor_options,
+                                  logging_config={"enable_access_log": False})  # no log line per request
     replica_load = {**load, "device": chosen.device,
                     "codec_dir": None if load.get("codec_dir") is None else str(load["codec_dir"])}
     board_name = f"{app}-board"
@@ -118,7 +119,7 @@ def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int,
                         languages=card["languages"], max_takes=max_takes, defaults=card["defaults"],
                         check_voice=functools.partial(_voice_fits, card["cfg"]), voices_dir=voices_dir,
                         random_weights=card["random_weights"])
-    backend = RayBackend(handle, chosen.replicas, board, on_close=remove)
+    backend = RayBackend(handle, chosen.replicas, ongoing, max_queue, board, on_close=remove)
     return backend, model, f"{chosen.replicas} replica(s) on {chosen.device}, each {card['summary']}"
 
 

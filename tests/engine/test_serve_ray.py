@@ -194,7 +194,7 @@ def test_past_the_replicas_and_the_queue_a_request_gets_503(cluster, tiny_checkp
         assert server.json("GET", "/health")[1]["queued"] == 2  # the second, and the third in Ray Serve's queue
         status, headers, body = server.speech(**LINE)
         assert status == 503 and headers["retry-after"] == "1", body
-        assert json.loads(body)["error"]["code"] == "server_busy"
+        assert json.loads(body)["error"]["code"] == "server_busy" and "--max-queue" in body.decode()
         for conn in held:
             conn.close()
         _until(server, _idle, "rows still held after the clients left")
