@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import importlib.util
 import json
 import sys
 import time
@@ -24,8 +23,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _ray_missing() -> str | None:
-    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
-        return 'Ray Serve is not installed: pip install "ray[serve]"'
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError as exc:
+        return f'Ray Serve cannot be imported ({exc}): pip install "ray[serve]"'
     return None
 
 
