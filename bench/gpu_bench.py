@@ -65,7 +65,8 @@ def worker_ours(ckpt: Path, frames: int, takes_list, mode: str, triton: str = "a
 
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton=triton, max_seq_len=1024)
+    eng = Engine.load(ckpt, device="cuda", dtype="bf16", cuda_graphs="on", triton=triton, max_seq_len=1024,
+                      max_takes=max(16, *takes_list))
     load_s = time.perf_counter() - t
     runner = eng.runner
     out = {"engine": f"ours (triton {triton})", "load_s": load_s, "info": eng.info.summary(), "notes": eng.info.notes,

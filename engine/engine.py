@@ -334,9 +334,14 @@ class Engine:
     # -- voices --------------------------------------------------------------------------------
 
     @serialised()
-    @torch.inference_mode()
     def extract_voice(self, waveform, sample_rate: int, ref_text: str | None = None) -> Voice:
         """Speaker embedding (and, with ref_text, ICL reference codes) from any mono or multi-channel audio."""
+        return self.extract_voice_beside_decode(waveform, sample_rate, ref_text)
+
+    @torch.inference_mode()
+    def extract_voice_beside_decode(self, waveform, sample_rate: int, ref_text: str | None = None) -> Voice:
+        """extract_voice without holding the engine, for a scheduler's caller while its loop decodes: it runs the
+        speaker and codec encoders alone, never the decode loop's cache, graphs or codec decoder states."""
         from . import audio
 
         if self.speaker_encoder is None:

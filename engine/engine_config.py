@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import checks
 from .errors import CheckpointError, InvalidInputError, UnsupportedConfigError
-from .limits import MAX_TAKES
+from .limits import MAX_ROWS, MAX_TAKES
 
 SWITCHES = ("auto", "on", "off")
 DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
@@ -27,7 +27,8 @@ class EngineConfig:
     dtype        auto (bf16 on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     cuda_graphs  auto | on | off: whole frames, the prefill and the codec as captured CUDA graphs
     triton       auto | on | off: the Triton kernels of a frame and of the codec
-    max_takes    rows one call may decode at once (takes of a line, or lines of a batch), 1..16
+    max_takes    rows one call may decode at once (takes of a line, lines of a batch, or a scheduler's
+                 requests together), 1..64; each row holds its own K/V cache
     max_seq_len  positions of each row's K/V cache (prompt + frames)
     codec_dir    another checkpoint (or its speech_tokenizer/ folder) whose codec to use; "" = the
                  checkpoint's own, or a compatible sibling's when it has none
@@ -73,7 +74,7 @@ class EngineConfig:
             value = getattr(self, field)
             if not isinstance(value, str) or value not in SWITCHES:
                 raise UnsupportedConfigError(f"{name(field)} must be one of {', '.join(SWITCHES)} (got {value!r}).")
-        checks.whole_number(name("max_takes"), self.max_takes, 1, MAX_TAKES)
+        checks.whole_number(name("max_takes"), self.max_takes, 1, MAX_ROWS)
         checks.whole_number(name("warm_takes"), self.warm_takes, 1, self.max_takes,
                             f"It cannot exceed {name('max_takes')}.")
         checks.whole_number(name("max_seq_len"), self.max_seq_len, MIN_SEQ_LEN, MAX_SEQ_LEN,

@@ -23,6 +23,7 @@ import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP
 
 from ..engine.engine_config import EngineConfig
+from ..engine.remote.config import RemoteConfig
 
 log = logging.getLogger(__name__)
 MAX_ENGINES = 2  # distinct configurations kept loaded at once; the least recently used is released
@@ -32,7 +33,7 @@ MAX_ENGINES = 2  # distinct configurations kept loaded at once; the least recent
 class ModelRef:
     """What flows through the QWEN3TTS_MODEL socket."""
 
-    key: EngineConfig  # how the engine is loaded, and its key in this cache
+    key: EngineConfig | RemoteConfig  # how the engine is loaded (or reached), and its key in this cache
     name: str
     model_type: str  # base | custom_voice | voice_design
 
@@ -103,8 +104,27 @@ def _load(key: EngineConfig) -> _Entry:
     return _Entry(engine, patcher)
 
 
-def acquire(key: EngineConfig):
-    """The engine for `key`, loaded if needed and marked in use for ComfyUI's memory manager."""
+_remote: dict[RemoteConfig, object] = {}  # servers reached, by configuration: they hold no memory here
+
+
+def connect(url: str, api_key: str | None):
+    """A RemoteEngine for the server at `url`, asked afresh what it serves (it may have been restarted with
+    another checkpoint), and kept for the nodes that acquire its configuration."""
+    from ..engine.remote import RemoteEngine
+
+    engine = RemoteEngine.connect(url, api_key)
+    with _lock:
+        _remote[engine.config] = engine
+    return engine
+
+
+def acquire(key: EngineConfig | RemoteConfig):
+    """The engine for `key`, loaded if needed and marked in use for ComfyUI's memory manager; for a server, the
+    RemoteEngine that reaches it."""
+    if isinstance(key, RemoteConfig):
+        with _lock:
+            engine = _remote.get(key)
+        return engine if engine is not None else connect(key.url, key.api_key)
     with _lock:
         _graveyard.clear()
         entry = _entries.pop(key, None)

@@ -71,7 +71,9 @@ class Job:
         checks = _checks()
         try:  # every check that needs no weights runs before the engine is (re)loaded, with the engine's checks
             changes = sampling_changes(**widgets)
-            checks.whole_number("takes", takes, 1, ref.key.max_takes, "Raise max_takes on LoadQwen3TTS.")
+            where = ("The server's --max-takes is the most; start it with a larger one." if hasattr(ref.key, "url")
+                     else "Raise max_takes on LoadQwen3TTS.")
+            checks.whole_number("takes", takes, 1, ref.key.max_takes, where)
             checks.whole_number("seed", seed, 0, SEED_MAX)
             check_take_range(first_take, takes)
             checks.whole_number("max_segment_chars", max_segment_chars, MIN_SEGMENT_CHARS, MAX_SEGMENT_CHARS)

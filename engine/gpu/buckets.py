@@ -3,7 +3,7 @@ rows than its bucket pads the rest (a padding row is finished from the start; a 
 other row)."""
 from __future__ import annotations
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def batch_bucket(rows: int) -> int:

@@ -12,9 +12,14 @@ text. Rows may hold different prompts: the talker attention masks each row at it
 window, the bucket of the longest row, on the torch path), RoPE and the cache write use each row's position.
 A finished row stops advancing, so it never writes past its own cache room. Replaying never syncs the host;
 the decode loop reads the finished flags once per chunk and admits new rows between replays.
+
+Nested buckets (Triton attention): a bucket's graphs come with graphs over the first 1, 2, 4, ... rows of the same
+state (views of its buffers). The decode loop fills the lowest free slots, so a loop opened with many slots that
+holds few rows (a server's scheduler between bursts) replays the graph of the rows it holds, at that batch's cost.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
 
@@ -24,7 +29,7 @@ from .. import sampling
 from ..kernels.attention import position_bias
 from ..model.kv_cache import runs
 from ..slots import device_longs, prefill_into, trailing_table
-from .buckets import bucket_for
+from .buckets import BATCH_BUCKETS, batch_bucket, bucket_for
 from .capture import capture
 from .fused_layers import FusedStack
 from .row_settings import RowSettings
@@ -80,6 +85,22 @@ class FrameState:
         for width in (vocab, self.sub_vocab):
             self.first[width] = torch.zeros(batch, width, dtype=torch.bool, device=dev)
             self.first[width][:, 0] = True
+
+    def head(self, rows: int) -> FrameState:
+        """The first `rows` rows as a state of their own: views of this state's buffers, so a graph captured
+        over it steps those rows in place and leaves the rest as they are. Shared with this state: the
+        settings tables (written through this state), the masks and the RoPE tables."""
+        view = copy.copy(self)
+        view.batch = rows
+        view.cache, view.pred_cache = self.cache.head(rows), self.pred_cache.head(rows)
+        for name in ("hidden", "pos", "rows", "t", "limit", "keys", "seen", "finished", "valid", "frame", "embeds",
+                     "trailing_start", "trailing_last"):
+            setattr(view, name, getattr(self, name)[:rows])
+        view.share = self.share[:, :rows]
+        view.trailing = self.trailing[: rows * self.trailing_rows]
+        view.p = {name: t[:rows] for name, t in self.p.items()}
+        view.first = {width: t[:rows] for width, t in self.first.items()}
+        return view
 
     def index(self, slots: list) -> torch.Tensor:
         """Rows `slots` as a device index, made without a blocking copy: a view of `rows` when they are
@@ -215,6 +236,9 @@ class GraphedFrames:
         self.capture_enabled = capture
         self.states: dict[int, FrameState] = {}
         self.graphs: dict[tuple[int, int | None], torch.cuda.CUDAGraph] = {}  # (bucket, window; None: any)
+        # (bucket, rows) -> the graph over the first `rows` rows of that bucket's state (Triton attention only)
+        self.nested: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.stepped = 0  # rows the last frame stepped (the nested graph's, or the whole bucket)
         self.pool = None
         self.capture_seconds = 0.0  # frame graphs, whenever captured
         self.precapture_seconds = 0.0  # everything precapture() captured at load
@@ -235,6 +259,7 @@ class GraphedFrames:
 
     def release(self) -> None:
         self.graphs.clear()
+        self.nested.clear()
         self.states.clear()
         self.rope_table = None
         self.pool = None
@@ -295,6 +320,19 @@ class GraphedFrames:
         last = min(self.precapture_window, self.max_seq_len)
         for window in [None] if self.device_length else range(WINDOW_STEP, last + 1, WINDOW_STEP):
             self._graph(window)
+        if self.device_length:
+            self._capture_nested(bucket)
+
+    def _capture_nested(self, bucket: int) -> None:
+        """The graphs over the first 1, 2, 4, ... rows of `bucket`'s state."""
+        root = self.states[bucket]
+        for rows in (b for b in BATCH_BUCKETS if b < bucket and (bucket, b) not in self.nested):
+            t0 = time.perf_counter()
+            view, saved = root.head(rows), root.snapshot()
+            self.nested[(bucket, rows)], _ = capture(lambda v=view: frame_body(self.talker, self.fused, v, None),
+                                                     self.pool)
+            root.restore(saved)
+            self.capture_seconds += time.perf_counter() - t0
 
     def open(self, *, slots: int, params, eos_id: int, max_len: int, refills: bool = True) -> None:
         """refills: a slot may be prefilled again during this run (more rows than slots). Then no row reads
@@ -319,6 +357,7 @@ class GraphedFrames:
         s.pos.zero_()
         s.share[0].copy_(s.rows)
         s.share[1].zero_()
+        self.stepped = s.batch
         self.share_prompts = not refills
         s.set_eos(eos_id)
         self.params = params
@@ -371,7 +410,10 @@ class GraphedFrames:
 
     def next_frame(self, host):
         window = self._window(max(host.positions()))  # the longest row's next position
-        if self.capture_enabled:
+        nested = self._nested(host) if self.capture_enabled and self.nested else None
+        if nested is not None:
+            nested.replay()
+        elif self.capture_enabled:
             if self.prefill_graphs is not None and (self.s.batch, window) not in self.graphs:
                 self.late_captures += 1  # after load: this request pays a capture
                 log.info("frame graphs: capturing %d rows x %s-position window during a request",
@@ -380,3 +422,15 @@ class GraphedFrames:
         else:
             frame_body(self.talker, self.fused, self.s, window)
         return self.s.frame[: self.slots].clone(), self.s.valid[: self.slots].clone()
+
+    def _nested(self, host):
+        """The nested graph that steps every held row (held rows sit in the lowest slots), or None for the
+        whole bucket. Slots it leaves out are empty; their valid flags are cleared when they drop out, so a
+        frame there never reads as speech."""
+        s = self.s
+        held = max((i for i, r in enumerate(host.row) if r >= 0), default=0) + 1
+        rows = batch_bucket(held)
+        if rows < self.stepped:
+            s.valid[rows: self.stepped].zero_()
+        self.stepped = min(rows, s.batch)
+        return self.nested.get((s.batch, rows))

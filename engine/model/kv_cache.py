@@ -25,6 +25,14 @@ class KVCache:
         self.max_len = max_len
         self.num_layers = num_layers
 
+    def head(self, rows: int) -> KVCache:
+        """The first `rows` rows of this cache as a cache of their own: views of the same memory."""
+        view = KVCache.__new__(KVCache)
+        view.store = self.store[:, :, :rows]
+        view.k, view.v = [k[:rows] for k in self.k], [v[:rows] for v in self.v]
+        view.batch, view.max_len, view.num_layers = rows, self.max_len, self.num_layers
+        return view
+
     @property
     def dtype(self) -> torch.dtype:
         return self.k[0].dtype if self.k else torch.float32
@@ -33,7 +41,7 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def copy_rows_from(self, other: "KVCache", length: int, rows=None) -> None:
+    def copy_rows_from(self, other: KVCache, length: int, rows=None) -> None:
         """Copy the first `length` positions of a batch-1 cache into every row of this one, or into `rows`
         (a sequence of row indices, not a tensor) only: one copy for all layers per run of consecutive rows.
         Indices stay on the host: a device index made from a list is a blocking copy, which right after a

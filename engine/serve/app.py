@@ -12,6 +12,7 @@ from ..config import SAMPLE_RATE
 from .api_errors import FieldError, error_body, status_and_body
 from .app_keys import BACKEND, MODEL, SETTINGS
 from .backend import Backend
+from .remote_routes import engine_facts, extract_voice
 from .served_model import ServedModel
 from .speech import speech
 
@@ -41,8 +42,8 @@ async def errors_as_json(request: web.Request, handler):
         if exc.status < 400:
             raise
         return _json_error(exc.status, error_body(f"{exc.reason}: {request.method} {request.path}. The endpoints "
-                                                  "are POST /v1/audio/speech, GET /v1/models, GET /v1/audio/voices "
-                                                  "and GET /health.", "invalid_request_error"))
+                                                  "are POST /v1/audio/speech, GET /v1/models, GET /v1/audio/voices, "
+                                                  "POST /v1/audio/voice, GET /v1/engine and GET /health.", "invalid_request_error"))
     except Exception as exc:
         status, body = status_and_body(exc)
         if status >= 500 and not isinstance(exc, FieldError):
@@ -67,12 +68,12 @@ async def api_key(request: web.Request, handler):
 
 async def health(request: web.Request) -> web.Response:
     backend: Backend = request.app[BACKEND]
-    body = {"status": "ok", "model": request.app[MODEL].id, "busy": backend.busy, "queued": backend.queued,
-            "requests": vars(backend.counts)}
     replicas = getattr(backend, "replicas", None)  # a backend of several engines (serve --ray) lists them
-    if replicas is not None:
-        body["replicas"] = await replicas()
-    return web.json_response(body)
+    extra = {"replicas": await replicas()} if replicas is not None else {}
+    stats = backend.stats()
+    return web.json_response({"status": "ok", "model": request.app[MODEL].id, "busy": stats["running"] > 0,
+                              "queued": stats["waiting"], "running": stats["running"], "rows": stats["rows"],
+                              "max_rows": stats["slots"], "requests": vars(backend.counts), **extra})
 
 
 async def models(request: web.Request) -> web.Response:
@@ -92,4 +93,6 @@ def build_app(backend: Backend, model: ServedModel, settings: Settings) -> web.A
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/audio/voices", voices)
     app.router.add_get("/health", health)
+    app.router.add_get("/v1/engine", engine_facts)
+    app.router.add_post("/v1/audio/voice", extract_voice)
     return app

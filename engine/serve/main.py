@@ -29,7 +29,7 @@ def serve(args) -> int:
         return _serve_ray(args)
     note_random_weights(args.model)
     try:
-        engine = Engine.load(args.model, max_takes=args.max_takes, warm_takes=args.max_takes, **load_options(args))
+        engine = Engine.load(args.model, max_takes=args.max_rows, warm_takes=args.max_rows, **load_options(args))
     except Qwen3TTSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -38,8 +38,9 @@ def serve(args) -> int:
         from .backend import Backend
         from .served_model import ServedModel
 
-        return (Backend(engine, max_queue=args.max_queue), ServedModel.of(engine, args.max_takes, args.voices),
-                engine.info.summary())
+        return (Backend(engine, max_queue=args.max_queue, max_rows=args.max_rows,
+                        boundary_frames=args.boundary_frames),
+                ServedModel.of(engine, args.max_takes, args.voices), engine.info.summary())
 
     return _serve_until_stopped(local, args)
 
@@ -78,7 +79,8 @@ def _serve_ray(args) -> int:
     try:
         try:
             parts = deploy(args.model, load_options(args), replicas=args.replicas, max_takes=args.max_takes,
-                           max_queue=args.max_queue, chunk_frames=args.chunk_frames, voices_dir=args.voices)
+                           max_rows=args.max_rows, max_queue=args.max_queue, boundary_frames=args.boundary_frames,
+                           voices_dir=args.voices)
         except Qwen3TTSError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

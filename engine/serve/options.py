@@ -9,7 +9,7 @@ API_KEY_ENV = "QWEN3TTS_API_KEY"
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:
     from ..cli import path_option
-    from ..limits import MAX_TAKES
+    from ..limits import MAX_ROWS, MAX_TAKES
 
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; another machine reaches the server "
                                                        "only if this is a public address of this one")
@@ -21,8 +21,14 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--voices", type=path_option, help="folder of saved voice files (NAME.safetensors, from SaveVoice or "
                                                "Voice.save) that a request names as its voice (default: none)")
     p.add_argument("--max-takes", type=int, default=4, help=f"most takes one request may ask for, 1 to {MAX_TAKES}")
-    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the engine; past it a "
+    p.add_argument("--max-rows", type=int, default=16,
+                   help=f"rows decoded at once, over all requests (each take is a row), --max-takes to {MAX_ROWS}. "
+                        "The graphs of that many rows are captured at load, and each row holds a K/V cache")
+    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for free rows; past it a "
                                                              "request gets 503")
+    p.add_argument("--boundary-frames", type=int, default=4,
+                   help="frames between the points where waiting requests join the running ones; fewer: earlier "
+                        "first audio under load, more pauses of the decode loop")
     p.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk (12.5 frames a second)")
     p.add_argument("--first-chunk-frames", type=int, default=2,
                    help="frames of the first chunk, for earlier first audio; 0: as long as the others")
@@ -38,17 +44,23 @@ def check_serve_args(args) -> None:
     """Every serve option checked before the checkpoint loads; errors name the option."""
     from .. import checks
     from ..errors import InvalidInputError
-    from ..limits import MAX_TAKES
+    from ..limits import MAX_ROWS, MAX_TAKES
     from ..sampling import MAX_NEW_TOKENS
 
     if not args.host.strip():  # an empty host would listen on every address of the machine
         raise InvalidInputError("--host is empty; give 127.0.0.1 (this machine only) or the address to listen on.")
     checks.whole_number("--port", args.port, 0, 65535)
     checks.whole_number("--max-takes", args.max_takes, 1, MAX_TAKES)
+    checks.whole_number("--max-rows", args.max_rows, args.max_takes, MAX_ROWS,
+                        "every request's takes must fit the rows: give --max-rows at least --max-takes.")
     checks.whole_number("--max-queue", args.max_queue, 1, 1 << 16)
+    checks.whole_number("--boundary-frames", args.boundary_frames, 1, MAX_NEW_TOKENS,
+                        "4 frames (0.32 s) is typical.")
     checks.whole_number("--chunk-frames", args.chunk_frames, 1, MAX_NEW_TOKENS, "8 frames (0.64 s) is typical.")
-    checks.whole_number("--first-chunk-frames", args.first_chunk_frames, 0, args.chunk_frames,
-                        "0 makes the first chunk as long as the others; 2 gives the earliest first audio.")
+    checks.whole_number("--first-chunk-frames", args.first_chunk_frames, 0,
+                        min(args.chunk_frames, args.boundary_frames),
+                        "0 makes the first chunk as long as the others; 2 gives the earliest first audio. It is at "
+                        "most --chunk-frames and --boundary-frames.")
     if args.voices is not None and not args.voices.is_dir():
         raise InvalidInputError(f"--voices {args.voices} is not a folder; give the folder that holds the saved "
                                 "voice files (NAME.safetensors).")

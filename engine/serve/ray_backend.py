@@ -1,6 +1,6 @@
 """The server's backend over engine replicas on Ray Serve (`serve --ray`), with the local Backend's interface:
-`submit(...) -> ticket` (async-iterable of engine Chunks, `cancel()`), `extract_voice`, `queued`, `busy`,
-`counts`, `close()`, plus `replicas()` for /health.
+`await submit(...)` (async-iterable of engine Chunks, `cancel()`), `extract_voice`, `stats()`, `counts`,
+`max_queue`, `close()`, plus `replicas()` for /health.
 
 Every call goes through one DeploymentHandle, so Ray Serve's router picks the replica (the one with fewer
 requests in flight, of two drawn at random) and holds requests past every replica's max_ongoing_requests in
@@ -82,10 +82,13 @@ class RayTicket:
 
 
 class RayBackend:
-    def __init__(self, handle, replicas: int, per_replica: int, max_queue: int, board=None, on_close=None):
+    def __init__(self, handle, replicas: int, rows: int, per_replica: int, max_queue: int, board=None,
+                 on_close=None):
         self.handle = handle
         self.max_queue = max_queue
+        self.rows = rows  # each replica's
         self.capacity = replicas * per_replica + max_queue  # requests in flight, beyond which one gets 503
+        self._each: list = []  # the replicas' stats, as /health last read them
         self.board = board  # the replicas' stats (engine/serve/ray_board.py)
         self._stream = handle.options(stream=True)
         self.replica_count = replicas
@@ -94,8 +97,8 @@ class RayBackend:
         self._open = 0
         self._on_close = on_close
 
-    def submit(self, request, *, takes: int = 1, seed: int = 0, first_take: int = 0, params=None,
-               chunk_frames: int = 8, first_chunk_frames: int = 0) -> RayTicket:
+    async def submit(self, request, *, takes: int = 1, seed: int = 0, first_take: int = 0, params=None,
+                     chunk_frames: int = 8, first_chunk_frames: int = 0) -> RayTicket:
         if self._open >= self.capacity:
             raise QueueFullError(f"every engine replica is busy and {self.max_queue} requests wait already (the "
                                  "server's --max-queue); try again shortly.")
@@ -114,13 +117,11 @@ class RayBackend:
         except Exception as exc:  # noqa: BLE001 - each is re-raised, Ray's wrapper taken off
             raise unwrapped(exc) from None
 
-    @property
-    def queued(self) -> int:
-        return self._waiting
-
-    @property
-    def busy(self) -> bool:
-        return self._open > 0
+    def stats(self) -> dict:
+        """Requests sent without audio back yet (waiting: in Ray Serve's queue or a replica's), requests whose
+        audio flows (running), and the replicas' rows in use (as /health last read them) of all their slots."""
+        return {"waiting": self._waiting, "running": self._open - self._waiting,
+                "rows": sum(r.get("rows", 0) for r in self._each), "slots": self.replica_count * self.rows}
 
     async def replicas(self) -> dict:
         """The replica count and each replica's waiting / running requests, rows in use and requests served,
@@ -129,8 +130,8 @@ class RayBackend:
         if self.board is None:
             return out
         try:
-            out["each"] = await asyncio.wait_for(asyncio.wrap_future(self.board.read.remote().future()),
-                                                 HEALTH_TIMEOUT_S)
+            out["each"] = self._each = await asyncio.wait_for(
+                asyncio.wrap_future(self.board.read.remote().future()), HEALTH_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - /health still answers; the replica list is what is missing
             log.warning("the replicas' stats did not come: %s", exc)
         return out

@@ -81,8 +81,8 @@ def _voice_fits(cfg, voice) -> None:
     voice.check_compatible(cfg)
 
 
-def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int, max_queue: int,
-           chunk_frames: int, voices_dir: Path | None = None, app: str = APP):
+def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int, max_rows: int, max_queue: int,
+           boundary_frames: int, voices_dir: Path | None = None, app: str = APP):
     """Deploy the replicas on the connected cluster as Serve application `app` -> (RayBackend, ServedModel,
     summary). Raises the load error of a replica that could not load the checkpoint (the application is
     removed then)."""
@@ -92,8 +92,7 @@ def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int,
     from .ray_replica import EngineReplica
 
     chosen = plan(load["device"], replicas, ray.cluster_resources().get("GPU", 0))
-    rows = max_takes  # the Scheduler's rows (its default, the engine's max_takes)
-    ongoing = rows + max_queue  # a replica takes this many requests; the router queues the rest
+    ongoing = max_rows + max_queue  # a replica takes this many requests; the router queues the rest
     deployment = serve.deployment(EngineReplica, name=DEPLOYMENT, num_replicas=chosen.replicas,
                                   max_ongoing_requests=ongoing,
                                   ray_actor_options=chosen.actor_options,
@@ -109,7 +108,7 @@ def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int,
         ray.kill(board)
 
     try:
-        handle = serve.run(deployment.bind(str(model_dir), replica_load, max_takes, ongoing, chunk_frames,
+        handle = serve.run(deployment.bind(str(model_dir), replica_load, max_rows, ongoing, boundary_frames,
                                            board_name), name=app, route_prefix=None)
         card = _card(handle, unwrapped)
     except BaseException:
@@ -119,7 +118,7 @@ def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int,
                         languages=card["languages"], max_takes=max_takes, defaults=card["defaults"],
                         check_voice=functools.partial(_voice_fits, card["cfg"]), voices_dir=voices_dir,
                         random_weights=card["random_weights"])
-    backend = RayBackend(handle, chosen.replicas, ongoing, max_queue, board, on_close=remove)
+    backend = RayBackend(handle, chosen.replicas, max_rows, ongoing, max_queue, board, on_close=remove)
     return backend, model, f"{chosen.replicas} replica(s) on {chosen.device}, each {card['summary']}"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from typing import NamedTuple
 
 from ..errors import Qwen3TTSError
@@ -34,11 +35,11 @@ def _replica_name() -> str:
 
 
 class EngineReplica:
-    """Load the checkpoint with the server's load options and serve it through one Scheduler of `max_takes`
-    rows. A load error is kept, not raised: Ray Serve would retry a failing constructor, while the front asks
+    """Load the checkpoint with the server's load options and serve it through one Scheduler of `max_rows`
+    rows, whose loop lets waiting requests join every `boundary_frames` frames. A load error is kept, not raised: Ray Serve would retry a failing constructor, while the front asks
     every replica's card() first and shows the load error once."""
 
-    def __init__(self, model_dir: str, load: dict, max_takes: int, max_queue: int, chunk_frames: int,
+    def __init__(self, model_dir: str, load: dict, max_rows: int, max_queue: int, boundary_frames: int,
                  board: str | None = None):
         from ..engine import Engine
         from ..scheduler import Scheduler
@@ -48,11 +49,11 @@ class EngineReplica:
         self.engine = self.scheduler = None
         self.served = 0  # requests that reached the scheduler
         try:
-            self.engine = Engine.load(model_dir, max_takes=max_takes, warm_takes=max_takes, **load)
+            self.engine = Engine.load(model_dir, max_takes=max_rows, warm_takes=max_rows, **load)
         except Qwen3TTSError as exc:
             self.load_error = exc
             return
-        self.scheduler = Scheduler(self.engine, max_queue=max_queue, chunk_frames=chunk_frames)
+        self.scheduler = Scheduler(self.engine, max_rows=max_rows, max_queue=max_queue, chunk_frames=boundary_frames)
         self.poster = None
         if board is not None:  # /health's per-replica stats (engine/serve/ray_board.py)
             from .ray_board import Poster
@@ -89,7 +90,8 @@ class EngineReplica:
         generator with CancelledError, whose `finally` cancels the engine ticket: its rows leave the decode
         loop at the next chunk boundary."""
         self._loaded()
-        ticket = self.scheduler.submit(request, **options)
+        options = {**options, "first_chunk_frames": min(options["first_chunk_frames"], self.scheduler.chunk_frames)}
+        ticket = await self._submit(request, options)
         self.served += 1
         try:
             async for chunk in ticket:
@@ -98,11 +100,23 @@ class EngineReplica:
         finally:
             ticket.cancel()
 
+    async def _submit(self, request, options: dict):
+        """Scheduler.submit in a worker thread (it tokenizes and builds the prompt; the replica's event loop
+        carries the other requests' chunks meanwhile). A caller cancelled while it runs still gets the ticket
+        cancelled, so no rows decode for nobody."""
+        work = asyncio.get_running_loop().run_in_executor(None, functools.partial(self.scheduler.submit, request,
+                                                                                   **options))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(lambda done: done.exception() is None and done.result().cancel())
+            raise
+
     async def extract_voice(self, waveform, sample_rate: int, ref_text: str | None):
-        """engine.extract_voice in a worker thread (it waits for the engine while the decode loop holds it),
-        returned with CPU tensors so that it unpickles on a front without a GPU."""
+        """A voice from uploaded audio, made beside the decode loop (speaker and codec encoders only) in a worker
+        thread, returned with CPU tensors so that it unpickles on a front without a GPU."""
         engine = self._loaded()
-        voice = await asyncio.to_thread(engine.extract_voice, waveform, sample_rate, ref_text=ref_text)
+        voice = await asyncio.to_thread(engine.extract_voice_beside_decode, waveform, sample_rate, ref_text)
         cpu = {f.name: getattr(voice, f.name).cpu() for f in dataclasses.fields(voice)
                if hasattr(getattr(voice, f.name), "cpu")}
         return dataclasses.replace(voice, **cpu)

@@ -2,7 +2,8 @@
 
 Every error is a FieldError naming the field, raised before any work reaches the engine. The fields are
 OpenAI's (model, input, voice, response_format, speed, stream), ours (language, instructions, seed, takes,
-first_take, reference_audio, reference_text) and the sampling overrides under SamplingParams' own names.
+first_take, reference_audio, reference_text, voice_data, sample_format, chunk_frames, first_chunk_frames) and the
+sampling overrides under SamplingParams' own names.
 """
 from __future__ import annotations
 
@@ -16,16 +17,18 @@ from .. import checks
 from ..errors import InvalidInputError, VoiceError
 from ..limits import SEED_MAX, TAKE_STREAMS
 from ..prompt import Request
-from ..sampling import SamplingParams
+from ..sampling import MAX_NEW_TOKENS, SamplingParams
 from .api_errors import FieldError
 from .served_model import ServedModel
 
 OPENAI_FIELDS = ("model", "input", "voice", "response_format", "speed", "stream")
-OWN_FIELDS = ("language", "instructions", "seed", "takes", "first_take", "reference_audio", "reference_text")
+OWN_FIELDS = ("language", "instructions", "seed", "takes", "first_take", "reference_audio", "reference_text",
+              "voice_data", "sample_format", "chunk_frames", "first_chunk_frames")
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 FIELDS = OPENAI_FIELDS + OWN_FIELDS + SAMPLING_FIELDS
 AUDIO_FORMATS = ("wav", "flac", "pcm")  # one take as audio
 FORMATS = AUDIO_FORMATS + ("json",)  # json: every take as base64 WAV
+SAMPLE_FORMATS = ("s16", "f32")  # f32: pcm and json carry the engine's float samples exactly (little-endian)
 
 
 @dataclass
@@ -39,6 +42,9 @@ class Speech:
     stream: bool
     reference: tuple | None = None  # (waveform [C, T] float32, sample rate) of an uploaded reference
     reference_text: str | None = None
+    sample_format: str = "s16"
+    chunk_frames: int | None = None  # a stream's chunking; None: the server's
+    first_chunk_frames: int | None = None
 
 
 def flac_available() -> bool:
@@ -115,6 +121,7 @@ def parse(body, model: ServedModel) -> Speech:
     speech = Speech(request=Request(mode=model.mode, text=text, language=language, instruct=instructions),
                     takes=takes, seed=seed, first_take=first_take, params=_params(body, model), response_format=fmt,
                     stream=stream)
+    _transport(body, speech)
     _voice(body, model, speech)
     return speech
 
@@ -137,6 +144,28 @@ def _response_format(body: dict, stream: bool) -> str:
     return fmt
 
 
+def _transport(body: dict, speech: Speech) -> None:
+    """How the audio travels: its sample format and, for a stream, its chunking."""
+    sample_format = _text(body, "sample_format") or "s16"
+    if sample_format not in SAMPLE_FORMATS:
+        raise FieldError("sample_format", f"sample_format '{sample_format}' is not served; use s16 (16-bit) or f32 "
+                                          "(the engine's float samples).")
+    if sample_format == "f32" and speech.response_format not in ("pcm", "json"):
+        raise FieldError("sample_format", f"sample_format f32 is for response_format pcm or json, not "
+                                          f"{speech.response_format}; WAV and FLAC carry 16-bit samples.")
+    speech.sample_format = sample_format
+    for name in ("chunk_frames", "first_chunk_frames"):
+        if body.get(name) is not None and not speech.stream:
+            raise FieldError(name, f"{name} shapes a stream's chunks; send it with stream true, or leave it out.")
+    if body.get("chunk_frames") is not None:
+        speech.chunk_frames = _checked("chunk_frames", checks.whole_number, "chunk_frames", body["chunk_frames"], 1,
+                                       MAX_NEW_TOKENS, "8 frames (0.64 s) is typical.")
+    if body.get("first_chunk_frames") is not None:
+        speech.first_chunk_frames = _checked("first_chunk_frames", checks.whole_number, "first_chunk_frames",
+                                             body["first_chunk_frames"], 0, speech.chunk_frames or MAX_NEW_TOKENS,
+                                             "0 makes the first chunk as long as the others.")
+
+
 def _params(body: dict, model: ServedModel) -> SamplingParams:
     """The checkpoint's sampling settings with the request's overrides, checked by SamplingParams.validate."""
     given = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
@@ -156,7 +185,7 @@ def _voice(body: dict, model: ServedModel, speech: Speech) -> None:
     voice = _text(body, "voice")
     upload, ref_text = body.get("reference_audio"), _text(body, "reference_text")
     if model.mode != "clone":
-        for name in ("reference_audio", "reference_text"):
+        for name in ("reference_audio", "reference_text", "voice_data"):
             if body.get(name) is not None:
                 raise FieldError(name, f"{name} is for Base checkpoints (voice cloning); this server's model is "
                                        f"{model.model_type}. Leave the field out.")
@@ -168,6 +197,12 @@ def _voice(body: dict, model: ServedModel, speech: Speech) -> None:
         return
     if model.mode == "design":
         return  # VoiceDesign describes the voice in `instructions`; `voice` is ignored (OpenAI clients must send one)
+    if body.get("voice_data") is not None:
+        given = [name for name in ("voice", "reference_audio", "reference_text") if body.get(name)]
+        if given:
+            raise FieldError(given[0], f"give either voice_data (a voice as data) or {given[0]}, not both.")
+        speech.request.voice = _voice_data(body["voice_data"], model)
+        return
     if upload is not None:
         if voice:
             raise FieldError("voice", "give either voice (a saved voice) or reference_audio, not both; with the "
@@ -190,6 +225,25 @@ def _voice(body: dict, model: ServedModel, speech: Speech) -> None:
     except VoiceError as exc:
         raise FieldError("voice", str(exc)) from None
     speech.request.voice = loaded
+
+
+def _voice_data(data, model: ServedModel):
+    """voice_data: base64 of a voice file (what SaveVoice writes), checked against the served model."""
+    from ..voice_bytes import voice_from_bytes
+
+    if not isinstance(data, str):
+        raise FieldError("voice_data", "voice_data must be a string: a voice file (.safetensors) in base64.")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise FieldError("voice_data", "voice_data is not valid base64; send the voice file's bytes "
+                                       "base64-encoded.") from None
+    try:
+        voice = voice_from_bytes(raw, "voice_data")
+        model.check_voice(voice)
+    except VoiceError as exc:
+        raise FieldError("voice_data", str(exc)) from None
+    return voice
 
 
 def _reference(upload) -> tuple:

@@ -160,6 +160,10 @@ BAD_CUSTOM = [
     ({"first_take": -1}, "first_take", 400), ({"first_take": 1 << 32}, "first_take", 400),
     ({"reference_audio": "UklGRg=="}, "reference_audio", 400), ({"reference_text": "hi"}, "reference_text", 400),
     ({"temprature": 0.7}, "temprature", 400),
+    ({"voice_data": "AAAA"}, "voice_data", 400), ({"sample_format": "s24"}, "sample_format", 400),
+    ({"sample_format": "f32"}, "sample_format", 400), ({"chunk_frames": 4}, "chunk_frames", 400),
+    ({"chunk_frames": 0, "stream": True}, "chunk_frames", 400),
+    ({"first_chunk_frames": 3, "chunk_frames": 2, "stream": True}, "first_chunk_frames", 400),
     ({"max_new_tokens": 0}, "max_new_tokens", 400), ({"max_new_tokens": "6"}, "max_new_tokens", 400),
     ({"min_new_tokens": 9}, "min_new_tokens", 400), ({"min_new_tokens": -1}, "min_new_tokens", 400),
     ({"temperature": 0}, "temperature", 400), ({"temperature": "hot"}, "temperature", 400),
@@ -268,6 +272,9 @@ BAD_BASE = [
     ({"reference_audio": base64.b64encode(b"RIFF0000WAVEjunk").decode()}, "reference_audio"),
     ({"reference_text": "words"}, "reference_text"),
     ({"voice": "calm", "instructions": "whisper"}, "instructions"),
+    ({"voice_data": "%%%"}, "voice_data"), ({"voice_data": 5}, "voice_data"),
+    ({"voice_data": base64.b64encode(b"not a voice file").decode()}, "voice_data"),
+    ({"voice_data": "AAAA", "voice": "calm"}, "voice"),
 ]
 
 

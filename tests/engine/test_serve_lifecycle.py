@@ -114,6 +114,34 @@ def test_two_clients_at_once_both_get_their_own_audio(roomy_server):
     assert got["a"][2] == server.speech(**a)[2] and got["b"][2] == server.speech(**b)[2]  # as if each were alone
 
 
+def test_clients_at_once_share_the_decode_loop_and_each_gets_its_own_audio(roomy_server):
+    """Four requests of mixed voices, seeds, sampling and takes, sent together: they decode in the one loop
+    (the engine's two rows are seen busy together), and each response equals the same request served alone."""
+    server = roomy_server
+    asks = [{"input": "First client, long enough to overlap.", "voice": "ryan", "max_new_tokens": 40, "seed": 1,
+             "stream": True},
+            {"input": "Second client, another voice.", "voice": "vivian", "max_new_tokens": 30, "seed": 2,
+             "temperature": 0.7, "response_format": "pcm"},
+            {"input": "Third, two takes.", "voice": "ryan", "max_new_tokens": 12, "seed": 5, "takes": 2,
+             "response_format": "json"},
+            {"input": "Fourth, greedy.", "voice": "vivian", "max_new_tokens": 20, "do_sample": False,
+             "response_format": "pcm"}]
+    got, peak = {}, [0]
+    threads = [threading.Thread(target=lambda i, f: got.__setitem__(i, server.speech(**f)), args=(i, f))
+               for i, f in enumerate(asks)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        peak[0] = max(peak[0], _health(server)["rows"])
+        time.sleep(0.01)
+    assert peak[0] == 2
+    for i, fields in enumerate(asks):
+        assert got[i][0] == 200, got[i][2][:300]
+        assert got[i][2] == server.speech(**fields)[2], f"request {i} under load differs from itself alone"
+    health = _health(server)
+    assert (health["rows"], health["running"], health["queued"]) == (0, 0, 0)
+
+
 def test_past_the_queue_a_request_gets_503_and_the_others_finish(server):
     running = _open(server, {**LONG, "stream": True}, body_bytes=FRAME_BYTES)
     waiting = {}
@@ -129,12 +157,21 @@ def test_past_the_queue_a_request_gets_503_and_the_others_finish(server):
     assert waiting["r"][0] == 200 and len(waiting["r"][2]) == 44 + 3 * FRAME_BYTES
 
 
-def test_an_unexpected_engine_failure_is_a_500_and_the_server_goes_on(server, monkeypatch):
-    def broken(*args, **kwargs):
-        raise RuntimeError("simulated fault")
-        yield  # a generator, as Engine.stream is
+def _fail_frames_after(monkeypatch, runner, good: int) -> None:
+    """The decode loop's frame `good + 1` and every later one fail, as a device fault would."""
+    real, calls = runner.next_frame, [0]
 
-    monkeypatch.setattr(server.engine, "stream", broken)
+    def next_frame(host):
+        calls[0] += 1
+        if calls[0] > good:
+            raise RuntimeError("simulated fault")
+        return real(host)
+
+    monkeypatch.setattr(runner, "next_frame", next_frame)
+
+
+def test_an_unexpected_engine_failure_is_a_500_and_the_server_goes_on(server, monkeypatch):
+    _fail_frames_after(monkeypatch, server.engine.runner, 0)
     status, body = server.json("POST", "/v1/audio/speech", {"input": "Hi.", "voice": "ryan", "max_new_tokens": 3})
     assert status == 500 and body["error"]["type"] == "server_error" and "simulated fault" in body["error"]["message"]
     monkeypatch.undo()
@@ -145,17 +182,7 @@ def test_an_unexpected_engine_failure_is_a_500_and_the_server_goes_on(server, mo
 def test_a_failure_after_the_first_audio_cuts_the_stream_short(server, monkeypatch):
     """The client has its 200 already, so the server breaks the chunked body: the client sees an incomplete
     response, never a short one that looks complete."""
-    real = server.engine.stream
-
-    def fails_later(*args, **kwargs):
-        chunks = real(*args, **kwargs)
-        try:
-            yield next(chunks)
-            raise RuntimeError("simulated fault")
-        finally:
-            chunks.close()
-
-    monkeypatch.setattr(server.engine, "stream", fails_later)
+    _fail_frames_after(monkeypatch, server.engine.runner, 4)  # the first chunk: 4 frames
     with pytest.raises((http.client.IncompleteRead, http.client.RemoteDisconnected, ConnectionError)):
         server.speech(input="Hi.", voice="ryan", max_new_tokens=6, stream=True)
     monkeypatch.undo()

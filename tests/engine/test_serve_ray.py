@@ -12,7 +12,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 
 from tests.support._q3support import need
 from tests.support.serve_thread import ServerThread
@@ -46,8 +45,9 @@ def cluster():
 def _deploy(path, replicas: int, app: str, **kwargs):
     from engine.serve.ray_deploy import deploy
 
-    return deploy(path, LOAD, replicas=replicas, app=app, **{"max_takes": 4, "max_queue": 8, "chunk_frames": 2,
-                                                             **kwargs})
+    # the in-process server's rows and boundaries (its Backend's defaults), so both decode alike
+    return deploy(path, LOAD, replicas=replicas, app=app, **{"max_takes": 4, "max_rows": 4, "max_queue": 8,
+                                                             "boundary_frames": 4, **kwargs})
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,9 @@ def test_health_lists_both_replicas_and_the_usual_keys(custom):
     assert len({r["replica"] for r in health["replicas"]["each"]}) == 2
     assert remote.json("GET", "/v1/models")[1]["data"][0]["speakers"] == local.json("GET", "/v1/models")[1]["data"][0][
         "speakers"]
+    facts, local_facts = remote.json("GET", "/v1/engine")[1], local.json("GET", "/v1/engine")[1]
+    assert (facts["defaults"], facts["max_queue"]) == (local_facts["defaults"], 8)
+    assert facts["max_rows"] == 2 * local_facts["max_rows"]  # both replicas' rows
 
 
 def test_concurrent_requests_use_both_replicas_and_equal_the_local_engine(custom):
@@ -121,24 +124,12 @@ def test_stream_equals_the_whole_response_and_the_local_stream(custom):
     assert streamed == _ok(remote, **LINE, seed=5, response_format="pcm")
 
 
-def test_takes_equal_the_local_scheduler(custom):
-    """Several takes decode as rows of the replica's Scheduler: the same as the engine's Scheduler here (an
-    Engine.stream of the takes batches the codec differently, which moves a sample by one step now and then)."""
-    from engine import Request
-    from engine.audio import wav_bytes
-    from engine.config import SAMPLE_RATE
-    from engine.scheduler import Scheduler
-
+def test_takes_equal_the_local_servers(custom):
     remote, local = custom
-    takes = json.loads(_ok(remote, **LINE, seed=5, takes=3, first_take=2, response_format="json"))["takes"]
+    fields = {**LINE, "seed": 5, "takes": 3, "first_take": 2, "response_format": "json"}
+    takes = json.loads(_ok(remote, **fields))["takes"]
     assert [t["take"] for t in takes] == [2, 3, 4]
-    request = Request(mode="custom", text=LINE["input"], speaker="ryan")
-    with Scheduler(local.engine, chunk_frames=2) as scheduler:
-        chunks = list(scheduler.submit(request, takes=3, seed=5, first_take=2, chunk_frames=2,
-                                       params=local.model.defaults.capped(LINE["max_new_tokens"])))
-    for take, answer in enumerate(takes):
-        audio = torch.cat([c.audio for c in chunks if c.take == take]).numpy()
-        assert base64.b64decode(answer["audio"]) == wav_bytes(audio, SAMPLE_RATE), f"take {take}"
+    assert takes == json.loads(_ok(local, **fields))["takes"]
 
 
 @pytest.mark.parametrize("fields, param", [({"temperature": -1.0}, "temperature"), ({"voice": "nobody"}, "voice"),
@@ -186,7 +177,8 @@ def _open_stream(server, read: bool) -> http.client.HTTPConnection:
 def test_past_the_replicas_and_the_queue_a_request_gets_503(cluster, tiny_checkpoints):
     """One replica of one row and a queue of one: it takes two requests (one running, one waiting in its
     scheduler), Ray Serve holds a third, and the fourth gets 503; all of them leave freeing the replica."""
-    backend, model, _ = _deploy(tiny_checkpoints["custom_voice"], 1, "test-full", max_takes=1, max_queue=1)
+    backend, model, _ = _deploy(tiny_checkpoints["custom_voice"], 1, "test-full", max_takes=1, max_rows=1,
+                                max_queue=1)
     server = ServerThread(backend=backend, model=model)
     try:
         held = [_open_stream(server, read=True)]
@@ -219,6 +211,7 @@ def test_voices_travel_with_the_request_and_uploads_are_extracted_on_a_replica(c
     give the in-process server's audio."""
     from engine import Engine
     from engine.audio import decode_wav
+    from engine.voice_bytes import voice_from_bytes
 
     engine = Engine.load(tiny_checkpoints["base"], device="cpu", dtype="fp32", max_takes=4)
     engine.extract_voice(*decode_wav(_reference_wav()), ref_text="A short reference.").save(
@@ -232,6 +225,15 @@ def test_voices_travel_with_the_request_and_uploads_are_extracted_on_a_replica(c
                   "reference_text": "A short reference."}
         for fields in ({**line, "voice": "calm"}, upload):
             assert _ok(remote, **fields) == _ok(local, **fields)
+        voice = {k: upload[k] for k in ("reference_audio", "reference_text")}
+        status, made = remote.json("POST", "/v1/audio/voice", voice)
+        expected = local.json("POST", "/v1/audio/voice", voice)[1]
+        assert status == 200 and made["icl"] and expected["icl"]
+        # the same voice (a file's metadata may list its keys in another order in another process)
+        ours, theirs = (voice_from_bytes(base64.b64decode(v["voice_data"])) for v in (made, expected))
+        assert ours.spk_embedding.equal(theirs.spk_embedding) and ours.ref_codes.equal(theirs.ref_codes)
+        assert (ours.ref_text, ours.model_size, ours.family) == (theirs.ref_text, theirs.model_size, theirs.family)
+        assert _ok(remote, **line, voice_data=made["voice_data"]) == _ok(local, **upload)
         status, body = remote.json("POST", "/v1/audio/speech", {**line, "voice": "missing"})
         assert status == 400 and body["error"]["param"] == "voice" and "calm" in body["error"]["message"]
     finally:
@@ -245,7 +247,7 @@ def test_a_replica_that_cannot_load_gives_the_load_error(cluster, tiny_checkpoin
 
     with pytest.raises(UnsupportedConfigError, match="cuda"):
         deploy(tiny_checkpoints["custom_voice"], {**LOAD, "cuda_graphs": "on"}, replicas=1, max_takes=1,
-               max_queue=1, chunk_frames=2, app="test-bad")
+               max_rows=1, max_queue=1, boundary_frames=2, app="test-bad")
 
 
 def test_replicas_follow_the_clusters_gpus():

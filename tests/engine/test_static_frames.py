@@ -71,9 +71,9 @@ def test_fused_prefill_equals_module_forward(engine, pad):
 
 
 def test_batch_buckets():
-    assert [buckets.batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 16)] == [1, 2, 4, 8, 8, 16, 16]
+    assert [buckets.batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 33, 64)] == [1, 2, 4, 8, 8, 16, 16, 32, 64, 64]
     with pytest.raises(ValueError):
-        buckets.batch_bucket(17)
+        buckets.batch_bucket(65)
 
 
 def test_bucket_for_takes_its_own_then_the_loads():

@@ -81,3 +81,69 @@ def test_cancel_under_graphs_frees_rows(tiny_checkpoints):
     assert not e._lock.busy
     alone = e.generate(_req("Next."), seed=2, params=p.replace(max_new_tokens=12))
     assert torch.equal(got[0][0], alone.codes[0])
+
+
+@pytest.mark.parametrize("triton", ["off", "on"])
+def test_sixty_four_rows_equal_each_alone(eos_checkpoint, triton):
+    """The largest row bucket: 26 requests of 1 to 4 takes (63 rows) fill a 64-row loop together, and each
+    request still equals itself generated alone."""
+    if triton == "on":
+        from engine import kernels
+
+        ok, why = kernels.available("cuda")
+        if not ok:
+            pytest.skip(why)
+    e = Engine.load(eos_checkpoint, device="cuda", dtype="fp32", cuda_graphs="on", triton=triton, max_seq_len=256,
+                    max_takes=64, warm_takes=64)
+    p = e.defaults.replace(max_new_tokens=60)
+    speakers = ("ryan", "vivian")
+    jobs = [(_req(f"Line {i} of the crowd, {'short' if i % 3 else 'a little longer than the others'}.",
+                  speaker=speakers[i % 2]), 1 + i % 4, 100 + i, p if i % 5 else p.greedy()) for i in range(26)]
+    assert sum(n for _, n, _, _ in jobs) == 63
+    late = e.runner.late_captures
+    with Scheduler(e, max_rows=64, chunk_frames=4, max_queue=64) as s:
+        tickets = [s.submit(req, takes=n, seed=seed, params=params) for req, n, seed, params in jobs]
+        joined = [_joined(t) for t in tickets]
+        assert s.stats()["slots"] == 64
+    for (req, n, seed, params), got in zip(jobs, joined):
+        alone = e.generate(req, takes=n, seed=seed, params=params)
+        for i in range(n):
+            assert torch.equal(got[i][0], alone.codes[i]), f"{req.text!r} take {i}"
+    assert e.runner.late_captures == late
+
+
+def test_few_rows_in_a_large_loop_replay_the_nested_graph(eos_checkpoint):
+    """A 64-slot loop holding one request steps only its rows (the nested graph of the rows held), and the
+    request still equals itself alone; more requests grow the graph."""
+    from engine import kernels
+
+    ok, why = kernels.available("cuda")
+    if not ok:
+        pytest.skip(why)
+    e = Engine.load(eos_checkpoint, device="cuda", dtype="fp32", cuda_graphs="on", triton="on", max_seq_len=256,
+                    max_takes=64, warm_takes=64)
+    assert {b for b, _ in e.runner.nested} == {64} and len(e.runner.nested) == 6
+    p = e.defaults.replace(max_new_tokens=40)
+    seen = []
+    real = e.runner.next_frame
+
+    def next_frame(host):
+        out = real(host)
+        seen.append(e.runner.stepped)
+        return out
+
+    e.runner.next_frame = next_frame
+    with Scheduler(e, max_rows=64, chunk_frames=4) as s:
+        one = _joined(s.submit(_req("Alone in a large loop."), takes=2, seed=9, params=p))
+        assert set(seen) == {2}
+        tickets = [s.submit(_req(f"Crowd line {i}."), takes=3, seed=20 + i, params=p) for i in range(4)]
+        crowd = [_joined(t) for t in tickets]
+    assert max(seen) == 16
+    del e.runner.next_frame
+    alone = e.generate(_req("Alone in a large loop."), takes=2, seed=9, params=p)
+    for i in range(2):
+        assert torch.equal(one[i][0], alone.codes[i])
+    for i, got in enumerate(crowd):
+        ref = e.generate(_req(f"Crowd line {i}."), takes=3, seed=20 + i, params=p)
+        for k in range(3):
+            assert torch.equal(got[k][0], ref.codes[k]), f"crowd {i} take {k}"

@@ -31,7 +31,7 @@ def _folders(tmp_path, ckpt) -> dict:
 
 # field -> bad values (each must be refused before any weights are read)
 BAD_SETTINGS = {
-    "max_takes": [0, -1, 17, 2.5, "4", None, True, float("nan")],
+    "max_takes": [0, -1, 65, 2.5, "4", None, True, float("nan")],
     "warm_takes": [0, 5, "1", None],  # 5 > max_takes 4
     "max_seq_len": [0, 15, (1 << 16) + 1, 4096.0, "4096", None, False, float("inf")],
     "device": ["gpu", "cuda:x", "", None, 0, "cpu:0", "cuda:99", "mps"],
