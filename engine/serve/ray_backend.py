@@ -83,8 +83,9 @@ class RayTicket:
 
 class RayBackend:
     def __init__(self, handle, replicas: int, rows: int, per_replica: int, max_queue: int, board=None,
-                 on_close=None):
+                 on_close=None, engine=None):
         self.handle = handle
+        self.engine = engine  # what a replica's engine is (its info and config), for GET /v1/engine
         self.max_queue = max_queue
         self.rows = rows  # each replica's
         self.capacity = replicas * per_replica + max_queue  # requests in flight, beyond which one gets 503

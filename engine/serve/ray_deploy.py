@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..errors import InvalidInputError, UnsupportedConfigError
 from .served_model import ServedModel
@@ -118,7 +119,8 @@ def deploy(model_dir: Path, load: dict, *, replicas: int | None, max_takes: int,
                         languages=card["languages"], max_takes=max_takes, defaults=card["defaults"],
                         check_voice=functools.partial(_voice_fits, card["cfg"]), voices_dir=voices_dir,
                         random_weights=card["random_weights"])
-    backend = RayBackend(handle, chosen.replicas, max_rows, ongoing, max_queue, board, on_close=remove)
+    facts = SimpleNamespace(info=card["info"], config=SimpleNamespace(max_seq_len=card["max_seq_len"]))
+    backend = RayBackend(handle, chosen.replicas, max_rows, ongoing, max_queue, board, on_close=remove, engine=facts)
     return backend, model, f"{chosen.replicas} replica(s) on {chosen.device}, each {card['summary']}"
 
 

@@ -75,7 +75,8 @@ class EngineReplica:
         return {"id": Path(engine.config.model_dir).name, "model_type": engine.model_type,
                 "mode": MODE_OF_MODEL[engine.model_type], "speakers": list(engine.speakers or []),
                 "languages": list(engine.languages or []), "defaults": engine.defaults, "cfg": engine.cfg,
-                "random_weights": engine.info.random_weights, "summary": engine.info.summary()}
+                "random_weights": engine.info.random_weights, "summary": engine.info.summary(),
+                "info": engine.info, "max_seq_len": engine.config.max_seq_len}
 
     def current_stats(self) -> dict:
         """This replica's scheduler: waiting and running requests, rows in use, slots; requests served."""

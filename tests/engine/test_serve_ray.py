@@ -100,6 +100,8 @@ def test_health_lists_both_replicas_and_the_usual_keys(custom):
         "speakers"]
     facts, local_facts = remote.json("GET", "/v1/engine")[1], local.json("GET", "/v1/engine")[1]
     assert (facts["defaults"], facts["max_queue"]) == (local_facts["defaults"], 8)
+    same = ("max_seq_len", "model_size", "summary", "device", "dtype", "cuda_graphs", "kernels", "notes")
+    assert {k: facts[k] for k in same} == {k: local_facts[k] for k in same}
     assert facts["max_rows"] == 2 * local_facts["max_rows"]  # both replicas' rows
 
 
