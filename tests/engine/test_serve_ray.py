@@ -134,6 +134,20 @@ def test_takes_equal_the_local_servers(custom):
     assert takes == json.loads(_ok(local, **fields))["takes"]
 
 
+def test_the_remote_engine_client_gets_the_local_servers_results(custom):
+    """RemoteEngine (what the nodes use against a server) sends each take as its own request: over both replicas
+    they equal the in-process server's, codes and samples."""
+    from engine import Request
+    from engine.remote import RemoteEngine
+
+    remote, local = custom
+    request = Request(mode="custom", text=LINE["input"], speaker="ryan")
+    got, want = (RemoteEngine.connect(f"http://{s.host}:{s.port}").generate(request, takes=3, seed=4, params=s.model
+                 .defaults.capped(6)) for s in (remote, local))
+    assert got.lengths == want.lengths and all(g.equal(w) for g, w in zip(got.codes, want.codes))
+    assert got.audio.equal(want.audio)
+
+
 @pytest.mark.parametrize("fields, param", [({"temperature": -1.0}, "temperature"), ({"voice": "nobody"}, "voice"),
                                            ({"takes": 9, "response_format": "json"}, "takes")])
 def test_a_bad_request_gets_the_local_servers_4xx(custom, fields, param):
