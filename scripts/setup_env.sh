@@ -22,6 +22,7 @@ if [ ! -f "$stamp" ]; then
   pip -r requirements.txt
   if [ "$full" = 1 ]; then
     pip pytest ruff hypothesis
+    pip "ray[serve]==2.60.0"  # serve --ray's tests start a local Ray cluster (the extra "ray" in pyproject.toml)
     pip --no-deps triton==3.9.0  # the kernel tests run it through its interpreter on CPU
     # The oracle: never let pip resolve qwen-tts' own requirements (gradio, torchaudio, a CUDA torch...).
     # Its model code's requirements go in first: pip checks the requirements of every installed package that

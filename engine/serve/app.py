@@ -68,8 +68,8 @@ async def api_key(request: web.Request, handler):
 
 def device_memory(engine) -> int | None:
     """Bytes of tensors the engine's CUDA device holds (torch's allocator), for telling a leak from a steady
-    state; None off CUDA, where torch does not count them."""
-    if engine.device.type != "cuda":
+    state; None off CUDA, where torch does not count them, and for replicas (serve --ray: each has its own)."""
+    if engine is None or engine.device.type != "cuda":
         return None
     import torch
 
@@ -78,11 +78,13 @@ def device_memory(engine) -> int | None:
 
 async def health(request: web.Request) -> web.Response:
     backend: Backend = request.app[BACKEND]
+    replicas = getattr(backend, "replicas", None)  # a backend of several engines (serve --ray) lists them
+    extra = {"replicas": await replicas()} if replicas is not None else {}
     stats = backend.stats()
     return web.json_response({"status": "ok", "model": request.app[MODEL].id, "busy": stats["running"] > 0,
                               "queued": stats["waiting"], "running": stats["running"], "rows": stats["rows"],
                               "max_rows": stats["slots"], "requests": vars(backend.counts),
-                              "memory": device_memory(backend.engine)})
+                              "memory": device_memory(getattr(backend, "engine", None)), **extra})
 
 
 async def models(request: web.Request) -> web.Response:

@@ -32,6 +32,12 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk (12.5 frames a second)")
     p.add_argument("--first-chunk-frames", type=int, default=2,
                    help="frames of the first chunk, for earlier first audio; 0: as long as the others")
+    p.add_argument("--ray", action="store_true", help="serve through engine replicas on Ray Serve, one per GPU of the "
+                                                      "Ray cluster (needs pip install \"ray[serve]\")")
+    p.add_argument("--replicas", type=int, help="with --ray: engine replicas to run (default: one per GPU of the "
+                                                "cluster; 1 on CPU)")
+    p.add_argument("--ray-address", help="with --ray: the Ray cluster to join ('auto': the one `ray start --head` "
+                                         "started on this machine; default: start one here)")
 
 
 def check_serve_args(args) -> None:
@@ -58,5 +64,13 @@ def check_serve_args(args) -> None:
     if args.voices is not None and not args.voices.is_dir():
         raise InvalidInputError(f"--voices {args.voices} is not a folder; give the folder that holds the saved "
                                 "voice files (NAME.safetensors).")
+    if not args.ray and (args.replicas is not None or args.ray_address is not None):
+        option = "--replicas" if args.replicas is not None else "--ray-address"
+        raise InvalidInputError(f"{option} applies to --ray only; add --ray, or leave {option} out.")
+    if args.replicas is not None:
+        checks.whole_number("--replicas", args.replicas, 1, 1 << 12)
+    if args.ray_address is not None and not args.ray_address.strip():
+        raise InvalidInputError("--ray-address is empty; give 'auto' or the head node's HOST:PORT, or leave the "
+                                "option out to start Ray on this machine.")
     if args.api_key is not None and not args.api_key.strip():
         raise InvalidInputError("--api-key is empty; give a key, or leave the option out to serve without one.")

@@ -1,5 +1,5 @@
 """The engine imports and runs with transformers, accelerate, gradio, sox, onnxruntime, librosa,
-torchaudio (and ComfyUI, qwen_tts) not installed: a subprocess runs on a copy of site-packages without them."""
+torchaudio (and ComfyUI, qwen_tts, ray) not installed: a subprocess runs on a copy of site-packages without them."""
 import ast
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HIDDEN = ["transformers", "accelerate", "gradio", "sox", "onnxruntime", "librosa", "torchaudio", "qwen_tts",
-          "comfy", "comfy_api", "folder_paths", "server", "soundfile", "huggingface_hub"]
+          "comfy", "comfy_api", "folder_paths", "server", "soundfile", "huggingface_hub", "ray"]
 
 SCRIPT = r"""
 import json, sys

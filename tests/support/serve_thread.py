@@ -10,16 +10,18 @@ from pathlib import Path
 
 
 class ServerThread:
-    def __init__(self, engine, *, api_key: str | None = None, voices_dir: Path | None = None, max_takes: int = 4,
-                 max_queue: int = 16, chunk_frames: int = 2, first_chunk_frames: int = 0, max_body: int = 32 << 20):
+    def __init__(self, engine=None, *, api_key: str | None = None, voices_dir: Path | None = None, max_takes: int = 4,
+                 max_queue: int = 16, chunk_frames: int = 2, first_chunk_frames: int = 0, max_body: int = 32 << 20,
+                 backend=None, model=None):
+        """Serve `engine` through the local Backend, or a given `backend` and `model` (ServedModel)."""
         from engine.serve.app import Settings
         from engine.serve.backend import Backend
         from engine.serve.served_model import ServedModel
 
         self.engine = engine
         self.api_key = api_key
-        self.backend = Backend(engine, max_queue=max_queue)
-        self.model = ServedModel.of(engine, max_takes, voices_dir)
+        self.backend = backend if backend is not None else Backend(engine, max_queue=max_queue)
+        self.model = model if model is not None else ServedModel.of(engine, max_takes, voices_dir)
         self.settings = Settings(api_key=api_key, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
                                  max_body=max_body)
         self.loop = asyncio.new_event_loop()
