@@ -69,11 +69,12 @@ async def api_key(request: web.Request, handler):
 def device_memory(engine) -> int | None:
     """Bytes of tensors the engine's CUDA device holds (torch's allocator), for telling a leak from a steady
     state; None off CUDA, where torch does not count them, and for replicas (serve --ray: each has its own)."""
-    if engine is None or engine.device.type != "cuda":
+    device = getattr(engine, "device", None)  # a Ray backend's `engine` is only the replicas' facts
+    if device is None or device.type != "cuda":
         return None
     import torch
 
-    return torch.cuda.memory_allocated(engine.device)
+    return torch.cuda.memory_allocated(device)
 
 
 async def health(request: web.Request) -> web.Response:

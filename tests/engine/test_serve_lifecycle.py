@@ -33,8 +33,8 @@ def engine(tiny_checkpoints):
 
 @pytest.fixture
 def server(engine):
-    """A fresh server per test (its counts start at zero), with room for one waiting request."""
-    s = ServerThread(engine, max_queue=1)
+    """A fresh server per test (its counts start at zero): one row, and room for one waiting request."""
+    s = ServerThread(engine, max_queue=1, max_rows=1)
     yield s
     s.stop()
 

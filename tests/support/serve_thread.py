@@ -11,7 +11,7 @@ from pathlib import Path
 
 class ServerThread:
     def __init__(self, engine=None, *, api_key: str | None = None, voices_dir: Path | None = None, max_takes: int = 4,
-                 max_queue: int = 16, chunk_frames: int = 2, first_chunk_frames: int = 0, max_body: int = 32 << 20,
+                 max_queue: int = 16, max_rows: int | None = None, chunk_frames: int = 2, first_chunk_frames: int = 0, max_body: int = 32 << 20,
                  backend=None, model=None):
         """Serve `engine` through the local Backend, or a given `backend` and `model` (ServedModel)."""
         from engine.serve.app import Settings
@@ -20,7 +20,7 @@ class ServerThread:
 
         self.engine = engine
         self.api_key = api_key
-        self.backend = backend if backend is not None else Backend(engine, max_queue=max_queue)
+        self.backend = backend if backend is not None else Backend(engine, max_queue=max_queue, max_rows=max_rows)
         self.model = model if model is not None else ServedModel.of(engine, max_takes, voices_dir)
         self.settings = Settings(api_key=api_key, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
                                  max_body=max_body)
