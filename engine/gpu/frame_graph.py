@@ -236,9 +236,11 @@ class GraphedFrames:
         self.capture_enabled = capture
         self.states: dict[int, FrameState] = {}
         self.graphs: dict[tuple[int, int | None], torch.cuda.CUDAGraph] = {}  # (bucket, window; None: any)
-        # (bucket, rows) -> the graph over the first `rows` rows of that bucket's state (Triton attention only)
+        # (bucket, rows) -> the first `rows` rows of that bucket's state (FrameState.head), and the graph over them
+        # (captured with the Triton attention only: the torch attention's windows would multiply the graphs)
+        self.views: dict[tuple[int, int], FrameState] = {}
         self.nested: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.stepped = 0  # rows the last frame stepped (the nested graph's, or the whole bucket)
+        self.stepped = 0  # rows the last frame stepped (a view's, or the whole bucket's)
         self.pool = None
         self.capture_seconds = 0.0  # frame graphs, whenever captured
         self.precapture_seconds = 0.0  # everything precapture() captured at load
@@ -260,6 +262,7 @@ class GraphedFrames:
     def release(self) -> None:
         self.graphs.clear()
         self.nested.clear()
+        self.views.clear()
         self.states.clear()
         self.rope_table = None
         self.pool = None
@@ -328,7 +331,7 @@ class GraphedFrames:
         root = self.states[bucket]
         for rows in (b for b in BATCH_BUCKETS if b < bucket and (bucket, b) not in self.nested):
             t0 = time.perf_counter()
-            view, saved = root.head(rows), root.snapshot()
+            view, saved = self._view(bucket, rows), root.snapshot()
             self.nested[(bucket, rows)], _ = capture(lambda v=view: frame_body(self.talker, self.fused, v, None),
                                                      self.pool)
             root.restore(saved)
@@ -410,9 +413,11 @@ class GraphedFrames:
 
     def next_frame(self, host):
         window = self._window(max(host.positions()))  # the longest row's next position
-        nested = self._nested(host) if self.capture_enabled and self.nested else None
-        if nested is not None:
-            nested.replay()
+        view = self._held(host)
+        if view is not None and not self.capture_enabled:
+            frame_body(self.talker, self.fused, view, window)
+        elif view is not None and (self.s.batch, view.batch) in self.nested:
+            self.nested[(self.s.batch, view.batch)].replay()
         elif self.capture_enabled:
             if self.prefill_graphs is not None and (self.s.batch, window) not in self.graphs:
                 self.late_captures += 1  # after load: this request pays a capture
@@ -423,14 +428,19 @@ class GraphedFrames:
             frame_body(self.talker, self.fused, self.s, window)
         return self.s.frame[: self.slots].clone(), self.s.valid[: self.slots].clone()
 
-    def _nested(self, host):
-        """The nested graph that steps every held row (held rows sit in the lowest slots), or None for the
-        whole bucket. Slots it leaves out are empty; their valid flags are cleared when they drop out, so a
-        frame there never reads as speech."""
+    def _view(self, bucket: int, rows: int) -> FrameState:
+        if (bucket, rows) not in self.views:
+            self.views[(bucket, rows)] = self.states[bucket].head(rows)
+        return self.views[(bucket, rows)]
+
+    def _held(self, host) -> FrameState | None:
+        """The view of the rows held (held rows sit in the lowest slots), or None when they need the whole bucket.
+        Slots it leaves out are empty; their valid flags are cleared as they drop out, so a frame there never
+        reads as speech."""
         s = self.s
         held = max((i for i, r in enumerate(host.row) if r >= 0), default=0) + 1
-        rows = batch_bucket(held)
+        rows = min(batch_bucket(held), s.batch)
         if rows < self.stepped:
             s.valid[rows: self.stepped].zero_()
-        self.stepped = min(rows, s.batch)
-        return self.nested.get((s.batch, rows))
+        self.stepped = rows
+        return self._view(s.batch, rows) if rows < s.batch else None

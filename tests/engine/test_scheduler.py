@@ -252,6 +252,33 @@ def test_graph_frame_body_under_the_scheduler(eos_checkpoint):
         gone.cancel()
         results = [_collect(t) for t in tickets]
     assert gone.cancelled and len({t.admitted_at for t in tickets}) >= 3
+    assert graph.runner.views  # frames with fewer rows held than slots stepped only those (FrameState.head)
+    for job, got in zip(jobs, results):
+        _assert_equals_alone(eager, job, got)
+
+
+def test_few_rows_in_many_slots_step_only_their_own(eos_checkpoint):
+    """A 16-slot loop holding three rows steps a view of its first four (FrameState.head, what the nested graphs
+    replay on the GPU), and each request equals itself generated alone."""
+    from engine.gpu.frame_graph import GraphedFrames
+
+    eager = Engine.load(eos_checkpoint, device="cpu", dtype="fp32")
+    graph = Engine.load(eos_checkpoint, device="cpu", dtype="fp32")
+    graph.runner = runner = GraphedFrames(graph.talker, graph.config.max_seq_len, capture=False)
+    stepped, real = [], runner.next_frame
+
+    def next_frame(host):
+        out = real(host)
+        stepped.append(runner.stepped)
+        return out
+
+    runner.next_frame = next_frame
+    p = graph.defaults.replace(max_new_tokens=20)
+    jobs = [(_custom("Two takes of one line."), {"takes": 2, "seed": 1, "params": p}),
+            (_custom("And one more.", speaker="vivian"), {"seed": 2, "params": p.replace(temperature=1.2)})]
+    with Scheduler(graph, max_rows=16, chunk_frames=2) as s:
+        results = [_collect(s.submit(what, **kw)) for what, kw in jobs]
+    assert runner.s.batch == 16 and stepped and max(stepped) <= 4 and min(stepped) >= 1
     for job, got in zip(jobs, results):
         _assert_equals_alone(eager, job, got)
 
