@@ -12,7 +12,7 @@ import queue
 import struct
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from ..callbacks import guarded
 from ..config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from ..engine import BatchItem, Chunk, Result
 from ..errors import GenerationInterrupted, InvalidInputError, ModeError, VoiceError
+from ..loading import EngineInfo
 from ..prompt import MODE_OF_MODEL, Request
 from ..sampling import MAX_NEW_TOKENS, SamplingParams
 from .config import RemoteConfig
@@ -34,21 +35,10 @@ NO_CODES = torch.zeros(0, 16, dtype=torch.long)  # the server sends audio only
 
 
 @dataclass
-class RemoteInfo:
-    """What the server runs, as EngineInfo says it for a local engine."""
+class RemoteInfo(EngineInfo):
+    """What the server runs, as EngineInfo says it for a local engine; model_dir is the server's URL."""
 
-    model_dir: str
-    model_type: str
-    model_size: str
-    device: str
-    dtype: str
-    cuda_graphs: bool = False
-    kernels: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    random_weights: bool = False
-    server_summary: str = ""
-    codec_dir: str = ""
-    graph_bytes: int = 0
+    server_summary: str = ""  # the server's own summary line
 
     def summary(self) -> str:
         return f"{self.server_summary or self.model_type} (served by {self.model_dir})"

@@ -227,17 +227,21 @@ def _voice(body: dict, model: ServedModel, speech: Speech) -> None:
     speech.request.voice = loaded
 
 
+def _base64_field(name: str, text, what: str, hint: str) -> bytes:
+    """The bytes a base64 field carries, or the field's error: `what` the file it must hold, `hint` the fix."""
+    if not isinstance(text, str):
+        raise FieldError(name, f"{name} must be a string: {what} in base64.")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise FieldError(name, f"{name} is not valid base64; {hint}") from None
+
+
 def _voice_data(data, model: ServedModel):
     """voice_data: base64 of a voice file (what SaveVoice writes), checked against the served model."""
     from ..voice_bytes import voice_from_bytes
 
-    if not isinstance(data, str):
-        raise FieldError("voice_data", "voice_data must be a string: a voice file (.safetensors) in base64.")
-    try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise FieldError("voice_data", "voice_data is not valid base64; send the voice file's bytes "
-                                       "base64-encoded.") from None
+    raw = _base64_field("voice_data", data, "a voice file (.safetensors)", "send the voice file's bytes base64-encoded.")
     try:
         voice = voice_from_bytes(raw, "voice_data")
         model.check_voice(voice)
@@ -250,15 +254,10 @@ def _reference(upload) -> tuple:
     """An uploaded reference, base64 of a WAV file (other formats with soundfile), as (waveform [C, T], rate)."""
     from .. import audio
 
-    if not isinstance(upload, str):
-        raise FieldError("reference_audio", "reference_audio must be a string: a WAV file in base64.")
-    if upload.startswith("data:") and "," in upload:  # a data URL: data:audio/wav;base64,....
+    if isinstance(upload, str) and upload.startswith("data:") and "," in upload:  # data:audio/wav;base64,....
         upload = upload.split(",", 1)[1]
-    try:
-        data = base64.b64decode(upload, validate=True)
-    except (binascii.Error, ValueError):
-        raise FieldError("reference_audio", "reference_audio is not valid base64; send the file's bytes "
-                                            "base64-encoded (e.g. base64.b64encode(open(path, 'rb').read())).") from None
+    data = _base64_field("reference_audio", upload, "a WAV file", "send the file's bytes base64-encoded (e.g. "
+                         "base64.b64encode(open(path, 'rb').read())).")
     try:
         if data[:4] in (b"RIFF", b"RF64") or not flac_available():
             waveform, rate = audio.decode_wav(data, "reference_audio")
