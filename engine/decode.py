@@ -345,8 +345,9 @@ def decode_rows(
             events = None
         now_ended, dropped, retired = [], source.dropped(), []
         for s, r in enumerate(held):
-            if r >= 0 and (finished[s] or at_end[s] >= host.limit[s] or r in dropped):
-                if not (finished[s] or at_end[s] >= host.limit[s]):
+            over = r >= 0 and (finished[s] or at_end[s] >= host.limit[s])
+            if r >= 0 and (over or r in dropped):
+                if not over:
                     retired.append(s)  # given up: it stops now, as a finished row
                 ended[r] = min(at_end[s], host.limit[s])
                 host.row[s] = -1

@@ -15,6 +15,8 @@ stream() calls still run (and the scheduler waits for them).
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 import time
 from collections import deque
@@ -22,7 +24,6 @@ from collections import deque
 import torch
 
 from . import checks, sampling
-from .codec_session import CodecSession
 from .decode import Row, decode_rows
 from .engine import STREAM_AHEAD, BatchItem
 from .errors import (
@@ -103,6 +104,20 @@ class Scheduler:
             self._waiting.append(ticket)
             self._cond.notify_all()
         return ticket
+
+    async def submit_async(self, what: Request | BatchItem, **options) -> Ticket:
+        """submit() from an asyncio event loop: it runs in a worker thread (it tokenizes and builds the prompt,
+        while the loop carries other requests' chunks), and a caller cancelled meanwhile still gets its ticket
+        cancelled as it arrives, so no rows decode for nobody. A `first_chunk_frames` above this scheduler's
+        chunk_frames is lowered to it."""
+        first = options.get("first_chunk_frames", 0)
+        options["first_chunk_frames"] = min(first, self.chunk_frames)
+        work = asyncio.get_running_loop().run_in_executor(None, functools.partial(self.submit, what, **options))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(_cancel_on_arrival)
+            raise
 
     def _check_room(self) -> None:
         with self._cond:
@@ -205,9 +220,8 @@ class Scheduler:
     def _serve(self) -> None:
         """One decode loop, until no request waits or runs."""
         engine = self.engine
-        side = torch.cuda.Stream(engine.device) if engine.codec_graphs is not None else None
-        session = CodecSession(engine.codec.decoder, engine.codec_graphs, self._refs, together=False, stream=True,
-                               side=side)
+        session = engine._session(self._refs, together=False, stream=True)
+        side = session.side
         chunks = decode_rows(engine.runner, self._source, slots=self.slots, params=engine.defaults,
                              eos_id=engine.cfg.talker.codec_eos_id, chunk_frames=self.chunk_frames,
                              should_stop=lambda: self._closed, prelaunch=side is not None,
@@ -261,3 +275,8 @@ class _OpenRows:
             s._boundary += 1
             out, s._dropped = s._dropped, set()
             return out
+
+
+def _cancel_on_arrival(work) -> None:
+    if not work.cancelled() and work.exception() is None:
+        work.result().cancel()

@@ -8,7 +8,6 @@ worker thread (the event loop never waits on the tokenizer) and returns a `Serve
 from __future__ import annotations
 
 import asyncio
-import functools
 from dataclasses import dataclass
 
 from ..errors import GenerationInterrupted, QueueFullError
@@ -69,14 +68,12 @@ class Backend:
     async def submit(self, request, *, takes: int = 1, seed: int = 0, first_take: int = 0, params=None,
                      chunk_frames: int = 8, first_chunk_frames: int = 0) -> Served:
         """Queue one request (its errors raise here); the result yields the engine's Chunks as they are made."""
-        first = min(first_chunk_frames, self.scheduler.chunk_frames)
-        submitted = asyncio.get_running_loop().run_in_executor(None, functools.partial(
-            self.scheduler.submit, request, takes=takes, seed=seed, first_take=first_take, params=params,
-            chunk_frames=chunk_frames, first_chunk_frames=first))
         try:
-            ticket = await asyncio.shield(submitted)
-        except asyncio.CancelledError:  # the client left while its request was being queued: cancel it on arrival
-            submitted.add_done_callback(self._cancel_on_arrival)
+            ticket = await self.scheduler.submit_async(request, takes=takes, seed=seed, first_take=first_take,
+                                                       params=params, chunk_frames=chunk_frames,
+                                                       first_chunk_frames=first_chunk_frames)
+        except asyncio.CancelledError:  # the client left while its request was queued: the scheduler cancels it
+            self.counts.cancelled += 1
             raise
         except QueueFullError:
             raise QueueFullError(f"the server already has {self.scheduler.max_queue} requests waiting (its "
@@ -86,10 +83,6 @@ class Backend:
     async def extract_voice(self, waveform, sample_rate: int, ref_text: str | None):
         """A voice from uploaded audio. It uses the speaker and codec encoders only, so it runs beside the loop."""
         return await asyncio.to_thread(self.engine.extract_voice_beside_decode, waveform, sample_rate, ref_text)
-
-    def _cancel_on_arrival(self, submitted) -> None:
-        if not submitted.cancelled() and submitted.exception() is None:
-            Served(submitted.result(), self.counts).cancel()
 
     @property
     def queued(self) -> int:

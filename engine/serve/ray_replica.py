@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 from typing import NamedTuple
 
 from ..errors import Qwen3TTSError
@@ -91,8 +90,7 @@ class EngineReplica:
         generator with CancelledError, whose `finally` cancels the engine ticket: its rows leave the decode
         loop at the next chunk boundary."""
         self._loaded()
-        options = {**options, "first_chunk_frames": min(options["first_chunk_frames"], self.scheduler.chunk_frames)}
-        ticket = await self._submit(request, options)
+        ticket = await self.scheduler.submit_async(request, **options)
         self.served += 1
         try:
             async for chunk in ticket:
@@ -100,18 +98,6 @@ class EngineReplica:
                             chunk.elapsed_s)
         finally:
             ticket.cancel()
-
-    async def _submit(self, request, options: dict):
-        """Scheduler.submit in a worker thread (it tokenizes and builds the prompt; the replica's event loop
-        carries the other requests' chunks meanwhile). A caller cancelled while it runs still gets the ticket
-        cancelled, so no rows decode for nobody."""
-        work = asyncio.get_running_loop().run_in_executor(None, functools.partial(self.scheduler.submit, request,
-                                                                                   **options))
-        try:
-            return await asyncio.shield(work)
-        except asyncio.CancelledError:
-            work.add_done_callback(lambda done: done.exception() is None and done.result().cancel())
-            raise
 
     async def extract_voice(self, waveform, sample_rate: int, ref_text: str | None):
         """A voice from uploaded audio, made beside the decode loop (speaker and codec encoders only) in a worker
