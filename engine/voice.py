@@ -33,17 +33,16 @@ REF_TEXT_HINT = "type the transcript of the reference audio, or leave ref_text e
 MAX_VOICE_BYTES = 16 << 20
 
 
-def _check_header_length(path: Path, size: int) -> None:
+def _header_length(head: bytes, size: int, name: str) -> int:
     """A safetensors file starts with the length of its JSON header (8 bytes, little-endian); a length the
-    file cannot hold is refused before anything is read."""
-    with open(path, "rb") as fh:
-        head = fh.read(8)
+    file (`size` bytes) cannot hold is refused before anything else is read."""
     if len(head) < 8:
-        raise VoiceError(f"{path.name} is {size} bytes, too short for a voice file; extract the voice again.")
-    (n,) = struct.unpack("<Q", head)
+        raise VoiceError(f"{name} is {size} bytes, too short for a voice file; extract the voice again.")
+    (n,) = struct.unpack("<Q", head[:8])
     if n > size - 8:
-        raise VoiceError(f"{path.name}: its header declares {n:,} bytes but the file holds {size - 8:,} after it; "
+        raise VoiceError(f"{name}: its header declares {n:,} bytes but the file holds {size - 8:,} after it; "
                          "the file is truncated or not a voice file. Extract the voice again.")
+    return n
 
 
 @dataclass
@@ -109,16 +108,8 @@ class Voice:
         directory, FIFO or device, or a link to one) is refused, never replaced. Path problems are
         OutputPathError. A voice that check_contents refuses (a NaN embedding, say) is never written: it would
         only fail again at load."""
-        from safetensors.torch import save_file
-
-        self.check_contents()
+        data = self.to_bytes()
         path = files.check_name(path, "voice file", OutputPathError)
-        tensors = {"spk_embedding": self.spk_embedding.detach().cpu().contiguous()}
-        meta = {"format": FORMAT, "version": VERSION, "family": self.family, "model_size": self.model_size,
-                "width": str(self.width), "dtype": str(self.spk_embedding.dtype).replace("torch.", "")}
-        if self.ref_codes is not None:
-            tensors["ref_codes"] = self.ref_codes.detach().cpu().to(torch.int32).contiguous()
-            meta["ref_text"] = json.dumps(self.ref_text or "")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -128,8 +119,8 @@ class Voice:
         # O_EXCL on a random name: never a file (or link) someone else made, never one shared by two saves
         tmp = path.with_name(f".voice-{uuid.uuid4().hex}.tmp")
         try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            save_file(tensors, str(tmp), metadata=meta)
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as fh:
+                fh.write(data)
             os.replace(tmp, path)
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -142,37 +133,67 @@ class Voice:
             raise
         return path
 
+    def to_bytes(self) -> bytes:
+        """The voice file's bytes (what save writes): a voice crosses a network as these. A voice that
+        check_contents refuses is never written."""
+        from safetensors.torch import save
+
+        self.check_contents()
+        tensors = {"spk_embedding": self.spk_embedding.detach().cpu().contiguous()}
+        meta = {"format": FORMAT, "version": VERSION, "family": self.family, "model_size": self.model_size,
+                "width": str(self.width), "dtype": str(self.spk_embedding.dtype).replace("torch.", "")}
+        if self.ref_codes is not None:
+            tensors["ref_codes"] = self.ref_codes.detach().cpu().to(torch.int32).contiguous()
+            meta["ref_text"] = json.dumps(self.ref_text or "")
+        return save(tensors, metadata=meta)
+
     @classmethod
     def load(cls, path) -> Voice:
-        from safetensors import SafetensorError, safe_open
-
         path = files.check_name(path, "voice file", VoiceError)
         size = files.input_file(path, "voice file", VoiceError).st_size
         if size > MAX_VOICE_BYTES:  # checked before reading: a voice is a few KB, a large file is something else
             raise VoiceError(f"voice file {path} is {size:,} bytes; a voice file is at most {MAX_VOICE_BYTES:,} "
                              "bytes. Choose a file saved by SaveVoice (Voice.save).")
-        _check_header_length(path, size)
         try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                if meta.get("format") != FORMAT:
-                    raise VoiceError(f"{path.name} is not a Qwen3-TTS Fast voice file (no '{FORMAT}' metadata); "
-                                     "choose a file saved by SaveVoice (Voice.save), or extract the voice again.")
-                names = set(f.keys())
-                if "spk_embedding" not in names:
-                    raise VoiceError(f"{path.name} has no speaker embedding; the file is damaged, extract the voice again.")
-                emb = f.get_tensor("spk_embedding")
-                codes = f.get_tensor("ref_codes") if "ref_codes" in names else None
-                ref_text = json.loads(meta["ref_text"]) if "ref_text" in meta else None
+            with open(path, "rb") as fh:
+                head = fh.read(8)
+                _header_length(head, size, path.name)  # before the rest is read
+                data = head + fh.read()
+        except OSError as exc:
+            raise VoiceError(f"{path.name} is corrupted or truncated ({exc}); extract the voice again.") from exc
+        return cls.from_bytes(data, path.name)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str = "voice_data") -> Voice:
+        """The Voice in a voice file's bytes, checked as a file is; errors name `name` (the file or the field)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        if not isinstance(data, (bytes, bytearray)):
+            raise VoiceError(f"{name} must be the bytes of a voice file, not {type(data).__name__}.")
+        if len(data) > MAX_VOICE_BYTES:
+            raise VoiceError(f"{name} is {len(data):,} bytes; a voice file is at most {MAX_VOICE_BYTES:,} bytes.")
+        data = bytes(data)
+        try:
+            header = json.loads(data[8: 8 + _header_length(data, len(data), name)])
+            meta = (header.get("__metadata__") if isinstance(header, dict) else None) or {}
+            if meta.get("format") != FORMAT:
+                raise VoiceError(f"{name} is not a Qwen3-TTS Fast voice file (no '{FORMAT}' metadata); "
+                                 "choose a file saved by SaveVoice (Voice.save), or extract the voice again.")
+            tensors = load(data)
+            if "spk_embedding" not in tensors:
+                raise VoiceError(f"{name} has no speaker embedding; the file is damaged, extract the voice again.")
+            emb, codes = tensors["spk_embedding"], tensors.get("ref_codes")
+            ref_text = json.loads(meta["ref_text"]) if "ref_text" in meta else None
         except VoiceError:
             raise
-        except (SafetensorError, OSError, ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
-            raise VoiceError(f"{path.name} is corrupted or truncated ({exc}); extract the voice again.") from exc
+        except (SafetensorError, ValueError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+            raise VoiceError(f"{name} is corrupted or truncated ({exc}); extract the voice again.") from exc
         voice = cls(spk_embedding=emb, model_size=meta.get("model_size", ""), family=meta.get("family", ""),
                     ref_codes=codes, ref_text=ref_text)
-        voice.check_contents(path.name)
+        voice.check_contents(name)
         if str(emb.shape[0]) != meta.get("width"):
-            raise VoiceError(f"{path.name}: embedding shape {tuple(emb.shape)} does not match its metadata; extract the voice again.")
+            raise VoiceError(f"{name}: embedding shape {tuple(emb.shape)} does not match its metadata; extract the voice again.")
         if codes is not None:
             voice.ref_codes = codes.to(torch.long)
         return voice

@@ -25,6 +25,7 @@ from ..errors import GenerationInterrupted, InvalidInputError, ModeError, VoiceE
 from ..loading import EngineInfo
 from ..prompt import MODE_OF_MODEL, Request
 from ..sampling import MAX_NEW_TOKENS, SamplingParams
+from ..voice import Voice
 from .config import RemoteConfig
 from .errors import ServerProtocolError
 from .http import Group, Server
@@ -196,7 +197,6 @@ class RemoteEngine:
 
     def extract_voice(self, waveform, sample_rate: int, ref_text: str | None = None):
         """As Engine.extract_voice; the server extracts it from the audio, sent as a float WAV."""
-        from ..voice_bytes import voice_from_bytes
 
         checks.text_value("ref_text", ref_text, optional=True)
         checks.whole_number("sample_rate", sample_rate, 1, 1 << 31)
@@ -208,7 +208,7 @@ class RemoteEngine:
             data = base64.b64decode(answer["voice_data"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ServerProtocolError(self.server.url, f"the voice answer lacks voice_data ({exc})") from None
-        return voice_from_bytes(data, "the server's voice")
+        return Voice.from_bytes(data, "the server's voice")
 
     def check_voice(self, voice) -> None:
         """A voice of another model size is refused here, as a local engine refuses it; the server checks the
@@ -267,9 +267,8 @@ class RemoteEngine:
                 if req.voice is None:
                     raise InvalidInputError("a Base checkpoint clones a voice; give the request a voice.")
                 if id(req.voice) not in voices:
-                    from ..voice_bytes import voice_to_bytes
 
-                    voices[id(req.voice)] = base64.b64encode(voice_to_bytes(req.voice)).decode("ascii")
+                    voices[id(req.voice)] = base64.b64encode(req.voice.to_bytes()).decode("ascii")
                 body["voice_data"] = voices[id(req.voice)]
             bodies.append(body)
         return bodies

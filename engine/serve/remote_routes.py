@@ -48,8 +48,6 @@ def _capacity(backend) -> dict:
 
 
 async def extract_voice(request: web.Request) -> web.Response:
-    from ..voice_bytes import voice_to_bytes
-
     model: ServedModel = request.app[MODEL]
     body = await read_json(request)
     if not isinstance(body, dict):
@@ -68,4 +66,4 @@ async def extract_voice(request: web.Request) -> web.Response:
     voice = await request.app[BACKEND].extract_voice(waveform, rate, ref_text if ref_text and ref_text.strip()
                                                      else None)
     return web.json_response({"object": "voice", "model": model.id, "icl": voice.is_icl,
-                              "voice_data": base64.b64encode(voice_to_bytes(voice)).decode("ascii")})
+                              "voice_data": base64.b64encode(voice.to_bytes()).decode("ascii")})

@@ -18,6 +18,7 @@ from ..errors import InvalidInputError, VoiceError
 from ..limits import SEED_MAX, TAKE_STREAMS
 from ..prompt import Request
 from ..sampling import MAX_NEW_TOKENS, SamplingParams
+from ..voice import Voice
 from .api_errors import FieldError
 from .served_model import ServedModel
 
@@ -239,11 +240,10 @@ def _base64_field(name: str, text, what: str, hint: str) -> bytes:
 
 def _voice_data(data, model: ServedModel):
     """voice_data: base64 of a voice file (what SaveVoice writes), checked against the served model."""
-    from ..voice_bytes import voice_from_bytes
 
     raw = _base64_field("voice_data", data, "a voice file (.safetensors)", "send the voice file's bytes base64-encoded.")
     try:
-        voice = voice_from_bytes(raw, "voice_data")
+        voice = Voice.from_bytes(raw, "voice_data")
         model.check_voice(voice)
     except VoiceError as exc:
         raise FieldError("voice_data", str(exc)) from None

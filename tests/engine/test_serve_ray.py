@@ -227,7 +227,7 @@ def test_voices_travel_with_the_request_and_uploads_are_extracted_on_a_replica(c
     give the in-process server's audio."""
     from engine import Engine
     from engine.audio import decode_wav
-    from engine.voice_bytes import voice_from_bytes
+    from engine.voice import Voice
 
     engine = Engine.load(tiny_checkpoints["base"], device="cpu", dtype="fp32", max_takes=4)
     engine.extract_voice(*decode_wav(_reference_wav()), ref_text="A short reference.").save(
@@ -246,7 +246,7 @@ def test_voices_travel_with_the_request_and_uploads_are_extracted_on_a_replica(c
         expected = local.json("POST", "/v1/audio/voice", voice)[1]
         assert status == 200 and made["icl"] and expected["icl"]
         # the same voice (a file's metadata may list its keys in another order in another process)
-        ours, theirs = (voice_from_bytes(base64.b64decode(v["voice_data"])) for v in (made, expected))
+        ours, theirs = (Voice.from_bytes(base64.b64decode(v["voice_data"])) for v in (made, expected))
         assert ours.spk_embedding.equal(theirs.spk_embedding) and ours.ref_codes.equal(theirs.ref_codes)
         assert (ours.ref_text, ours.model_size, ours.family) == (theirs.ref_text, theirs.model_size, theirs.family)
         assert _ok(remote, **line, voice_data=made["voice_data"]) == _ok(local, **upload)
