@@ -220,6 +220,22 @@ def wav_bytes(samples, sr: int) -> bytes:
     return out.getvalue()
 
 
+def float_wav_bytes(samples, sr: int) -> bytes:
+    """A 32-bit float WAV file of samples [T] or [C, T], as bytes: the samples unrounded (a reference sent to a
+    server is read back exactly)."""
+    x = samples.detach().cpu().float().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
+    if x.ndim == 1:
+        x = x[None]
+    if x.ndim != 2 or x.dtype.kind not in "fiu":
+        raise InvalidInputError(f"the reference audio must be samples [T] or [channels, T], not an array of shape "
+                                f"{tuple(x.shape)} ({x.dtype}).")
+    data = np.ascontiguousarray(x.astype("<f4").T).tobytes()
+    channels = x.shape[0]
+    fmt = struct.pack("<HHIIHH", _FMT_FLOAT, channels, sr, sr * 4 * channels, 4 * channels, 32)
+    return (b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE" + b"fmt "
+            + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+
+
 def save_wav(path, samples, sr: int) -> None:
     """Write samples [T] or [C, T] as a 16-bit PCM WAV file (see `pcm16`). Nothing is written if they are
     unusable, and the path is never a directory, FIFO or device."""

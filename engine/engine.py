@@ -65,6 +65,23 @@ class Chunk:
     elapsed_s: float  # since the call started
 
 
+def as_items(what, takes: int, seed: int, first_take: int, caller: str) -> tuple[list, bool]:
+    """A call's Request (with its takes, seed and first_take) or list of BatchItem, as the list of items;
+    and whether it was one Request."""
+    if checks.same_kind(what, Request):
+        return [BatchItem(what, takes=takes, seed=seed, first_take=first_take)], True
+    if isinstance(what, (list, tuple)):
+        if (takes, seed, first_take) != (1, 0, 0):
+            raise InvalidInputError(f"{caller}: with a list of BatchItem, takes, seed and first_take are set "
+                                    "on each item.")
+        for item in what:
+            if not checks.same_kind(item, BatchItem):
+                raise InvalidInputError(f"{caller} takes a Request or a list of BatchItem "
+                                        f"(got a list holding {type(item).__name__}).")
+        return list(what), False
+    raise InvalidInputError(f"{caller} takes a Request or a list of BatchItem (got {type(what).__name__}).")
+
+
 def _shared_reference(rows: list) -> bool:
     """Whether every row has the same ICL reference codes (or every row none)."""
     first = rows[0].prompt.ref_codes
@@ -173,21 +190,6 @@ class Engine:
             )
         return prompt, params, min(params.max_new_tokens, room)
 
-    def _items(self, what, takes, seed, first_take, caller: str) -> tuple[list, bool]:
-        """(the items, whether `what` was one Request)."""
-        if checks.same_kind(what, Request):
-            return [BatchItem(what, takes=takes, seed=seed, first_take=first_take)], True
-        if isinstance(what, (list, tuple)):
-            if (takes, seed, first_take) != (1, 0, 0):
-                raise InvalidInputError(f"{caller}: with a list of BatchItem, takes, seed and first_take are set "
-                                        "on each item.")
-            for item in what:
-                if not checks.same_kind(item, BatchItem):
-                    raise InvalidInputError(f"{caller} takes a Request or a list of BatchItem "
-                                            f"(got a list holding {type(item).__name__}).")
-            return list(what), False
-        raise InvalidInputError(f"{caller} takes a Request or a list of BatchItem (got {type(what).__name__}).")
-
     def _rows(self, items: list, params) -> tuple[list, list, list]:
         """Every take of every item as a decode Row: (rows, each item's prompt, each item's row indices)."""
         rows, prompts, item_rows = [], [], []
@@ -226,7 +228,7 @@ class Engine:
         for the next (longest text first). should_stop() -> True stops with GenerationInterrupted."""
         t0 = time.perf_counter()
         on_progress, should_stop = guarded("on_progress", on_progress), guarded("should_stop", should_stop)
-        items, single = self._items(what, takes, seed, first_take, "generate")
+        items, single = as_items(what, takes, seed, first_take, "generate")
         if not items:
             return []
         max_rows = self._max_rows(max_rows)
@@ -301,7 +303,7 @@ class Engine:
         makes the first chunk shorter for earlier first audio, and only item 0's takes are prefilled before
         it. Closing the generator early frees the engine."""
         on_progress, should_stop = guarded("on_progress", on_progress), guarded("should_stop", should_stop)
-        items, _ = self._items(what, takes, seed, first_take, "stream")
+        items, _ = as_items(what, takes, seed, first_take, "stream")
         if not items:
             return
         max_rows = self._max_rows(max_rows)

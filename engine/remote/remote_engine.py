@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import queue
-import struct
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -17,13 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import checks
+from .. import audio, checks
 from ..callbacks import guarded
 from ..config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from ..engine import BatchItem, Chunk, Result
+from ..engine import BatchItem, Chunk, Result, as_items
 from ..errors import GenerationInterrupted, InvalidInputError, ModeError, VoiceError
 from ..loading import EngineInfo
-from ..prompt import MODE_OF_MODEL, Request
+from ..prompt import MODE_OF_MODEL
 from ..sampling import MAX_NEW_TOKENS, SamplingParams
 from ..voice import Voice
 from .config import RemoteConfig
@@ -197,10 +196,9 @@ class RemoteEngine:
 
     def extract_voice(self, waveform, sample_rate: int, ref_text: str | None = None):
         """As Engine.extract_voice; the server extracts it from the audio, sent as a float WAV."""
-
         checks.text_value("ref_text", ref_text, optional=True)
         checks.whole_number("sample_rate", sample_rate, 1, 1 << 31)
-        body = {"reference_audio": base64.b64encode(_float_wav(waveform, int(sample_rate))).decode("ascii")}
+        body = {"reference_audio": base64.b64encode(audio.float_wav_bytes(waveform, int(sample_rate))).decode("ascii")}
         if ref_text is not None and ref_text.strip():
             body["reference_text"] = ref_text
         answer = self.server.json("POST", "/v1/audio/voice", body)
@@ -225,12 +223,8 @@ class RemoteEngine:
     # -- requests ------------------------------------------------------------------------------
 
     def _items(self, what, takes, seed, first_take, caller: str) -> tuple[list, bool]:
-        if checks.same_kind(what, Request):
-            items, single = [BatchItem(what, takes=takes, seed=seed, first_take=first_take)], True
-        elif isinstance(what, (list, tuple)) and all(checks.same_kind(x, BatchItem) for x in what):
-            items, single = list(what), False
-        else:
-            raise InvalidInputError(f"{caller} takes a Request or a list of BatchItem (got {type(what).__name__}).")
+        """engine.as_items, then what this server can take: its --max-takes and its checkpoint's mode."""
+        items, single = as_items(what, takes, seed, first_take, caller)
         for item in items:
             checks.whole_number("takes", item.takes, 1, self.max_takes, "The server's --max-takes is the most.")
             if item.request.mode != self.mode:
@@ -267,7 +261,6 @@ class RemoteEngine:
                 if req.voice is None:
                     raise InvalidInputError("a Base checkpoint clones a voice; give the request a voice.")
                 if id(req.voice) not in voices:
-
                     voices[id(req.voice)] = base64.b64encode(req.voice.to_bytes()).decode("ascii")
                 body["voice_data"] = voices[id(req.voice)]
             bodies.append(body)
@@ -310,18 +303,3 @@ def _in_flight(max_queue, max_rows) -> int:
         return IN_FLIGHT
     want = max(IN_FLIGHT, max_rows) if max_rows in known else IN_FLIGHT
     return min(want, max_queue) if max_queue in known else want
-
-
-def _float_wav(waveform, sample_rate: int) -> bytes:
-    """A 32-bit float WAV of `waveform` ([T] or [channels, T]), so the server reads the samples unrounded."""
-    x = waveform.detach().cpu().float().numpy() if isinstance(waveform, torch.Tensor) else np.asarray(waveform)
-    if x.ndim == 1:
-        x = x[None]
-    if x.ndim != 2 or x.dtype.kind not in "fiu":
-        raise InvalidInputError(f"the reference audio must be samples [T] or [channels, T], not an array of shape "
-                                f"{tuple(x.shape)} ({x.dtype}).")
-    data = np.ascontiguousarray(x.astype("<f4").T).tobytes()
-    channels = x.shape[0]
-    fmt = struct.pack("<HHIIHH", 3, channels, sample_rate, sample_rate * 4 * channels, 4 * channels, 32)
-    return b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE" + b"fmt " + \
-        struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
