@@ -24,34 +24,22 @@ def _codec_options() -> list[str]:
     return [CODEC_AUTO, *paths.codec_choices(comfy_paths.checkpoints())]
 
 
-def _describe_remote(engine) -> str:
-    info = engine.info
-    kernels = ", ".join(info.kernels) if info.kernels else "none"
-    lines = [f"{engine.model_id} on {engine.config.url}: {info.model_type} {info.model_size}"]
-    if info.random_weights:
-        lines.append("RANDOM weights (a test checkpoint): the audio is noise, not speech")
-    graphs = "on" if info.cuda_graphs else "off"
-    lines.append(f"server: device {info.device}, dtype {info.dtype}, CUDA graphs {graphs}, kernels: {kernels}")
-    lines.append(f"max_takes {engine.max_takes} (the server's --max-takes)")
-    lines += [f"note: {n}" for n in info.notes]
-    return "\n".join(lines)
-
-
 def _server_url(server) -> str | None:
     """The server URL typed into `server`, or None when it is empty (run here)."""
     return server.strip() if isinstance(server, str) and server.strip() else None
 
 
-def _describe(engine, name: str) -> str:
-    from ..engine.checkpoint.writer import is_random_checkpoint
-
-    info = engine.info
+def _describe(info, name: str, server: str = "") -> str:
+    """The info output: what the load chose and what runs, here or (`server`: its --max-takes line) on a server."""
     kernels = ", ".join(info.kernels) if info.kernels else "none"
     lines = [f"{name}: {info.model_type} {info.model_size}"]
-    if is_random_checkpoint(info.model_dir) or is_random_checkpoint(info.codec_dir):
+    if info.random_weights:
         lines.append("RANDOM weights (a test checkpoint): the audio is noise, not speech")
-    lines += [f"device {info.device}, dtype {info.dtype}, CUDA graphs {'on' if info.cuda_graphs else 'off'}",
+    graphs = "on" if info.cuda_graphs else "off"
+    lines += [f"{'server: ' if server else ''}device {info.device}, dtype {info.dtype}, CUDA graphs {graphs}",
               f"kernels: {kernels}"]
+    if server:
+        lines.append(server)
     lines += [f"note: {n}" for n in info.notes]
     return "\n".join(lines)
 
@@ -143,7 +131,8 @@ class LoadQwen3TTS(io.ComfyNode):
             key = api_key.strip() if isinstance(api_key, str) and api_key.strip() else os.environ.get(API_KEY_ENV)
             with engine_errors("LoadQwen3TTS"):  # unreachable, a wrong key: the message says what to do
                 engine = engine_cache.connect(url, key)
-            info = _describe_remote(engine)
+            info = _describe(engine.info, f"{engine.model_id} on {engine.config.url}",
+                             f"max_takes {engine.max_takes} (the server's --max-takes)")
             ref = engine_cache.ModelRef(key=engine.config, name=f"{engine.model_id} @ {engine.config.url}",
                                         model_type=engine.model_type)
             return io.NodeOutput(ref, info, ui={"text": [info]})
@@ -175,6 +164,6 @@ class LoadQwen3TTS(io.ComfyNode):
             raise RuntimeError(f"LoadQwen3TTS: could not read the checkpoint {model_dir} ({exc.strerror or exc}"
                                f"{': ' + str(exc.filename) if exc.filename else ''}); check that the folder and its "
                                "files are readable.") from exc
-        info = _describe(engine, name)
+        info = _describe(engine.info, name)
         ref = engine_cache.ModelRef(key=key, name=name, model_type=engine.model_type)
         return io.NodeOutput(ref, info, ui={"text": [info]})
