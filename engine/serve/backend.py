@@ -84,14 +84,6 @@ class Backend:
         """A voice from uploaded audio. It uses the speaker and codec encoders only, so it runs beside the loop."""
         return await asyncio.to_thread(self.engine.extract_voice_beside_decode, waveform, sample_rate, ref_text)
 
-    @property
-    def queued(self) -> int:
-        return self.scheduler.stats()["waiting"]
-
-    @property
-    def busy(self) -> bool:
-        return self.scheduler.stats()["running"] > 0
-
     def stats(self) -> dict:
         return self.scheduler.stats()
 
