@@ -14,12 +14,11 @@ import pytest
 
 from tests.support._q3support import (
     ARTIFACTS,
-    COMFYUI_DIR,
     PACK,
     comfy_missing,
-    free_port,
     load_script,
     need,
+    running_comfy,
     skip_comfy_tier,
 )
 
@@ -64,19 +63,11 @@ def server(tmp_path_factory, prepare_base):
     """A headless ComfyUI of the module's own, on a fresh base directory: the pack, tiny checkpoints, the reference
     clip, an empty voices folder and what `prepare_base` adds. The client carries base, proc and port."""
     need(comfy_missing())
-    client = load_script("comfy_client")
     base = _new_base(tmp_path_factory.mktemp("reliability_comfy"))
     (base / "models" / "qwen3_tts" / "voices").mkdir()
     prepare_base(base)
-    port = free_port()
-    proc = client.start_comfy(Path(COMFYUI_DIR), base, port, base / "comfyui.log")
-    c = client.Comfy(port)
-    try:
-        c.wait_up(proc)
-        c.base, c.proc, c.port = base, proc, port
+    with running_comfy(base) as c:
         yield c
-    finally:
-        client.stop_comfy(proc)
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,16 @@ import itertools
 import json
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.support._q3support import COMFYUI_DIR, PACK, free_port, load_script, read_audio
+from tests.support._q3support import (
+    PACK,
+    load_script,
+    read_audio,
+    running_comfy,
+)
 
 pytestmark = [pytest.mark.engine]
 client = load_script("comfy_client")
@@ -25,16 +29,8 @@ EVENT = "qwen3tts_fast.stream"
 
 @pytest.fixture(scope="module")
 def server(comfy_base):
-    port = free_port()
-    proc = client.start_comfy(Path(COMFYUI_DIR), comfy_base, port, comfy_base / "comfyui.log")
-    c = client.Comfy(port)
-    try:
-        c.wait_up(proc)
-        c.object_info = c.get("/object_info")
-        c.base, c.proc, c.port = comfy_base, proc, port
+    with running_comfy(comfy_base, object_info=True) as c:
         yield c
-    finally:
-        client.stop_comfy(proc)
 
 
 def load_wf(name):
@@ -250,6 +246,7 @@ def test_long_text_rows_equal_its_segments_generated_alone_and_joined(server):
     """Long text: the segments decode as rows of one batch; the AUDIO equals each segment run on its own
     (seed + k, same first_take) joined by join_segments. 16-bit files: within a step or two."""
     import torch
+
     from tests.support._q3support import load_pure
 
     au, ts = load_pure("audio_utils"), load_pure("text_split")

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from tests.support._q3support import (
-    COMFYUI_DIR,
     PACK,
     free_port,
     load_script,
     read_audio,
+    running_comfy,
 )
 
 pytestmark = [pytest.mark.engine]
@@ -89,16 +89,8 @@ def servers(comfy_base):
 
 @pytest.fixture(scope="module")
 def comfy(comfy_base):
-    port = free_port()
-    proc = client.start_comfy(Path(COMFYUI_DIR), comfy_base, port, comfy_base / "comfyui-remote.log")
-    c = client.Comfy(port)
-    try:
-        c.wait_up(proc)
-        c.object_info = c.get("/object_info")
-        c.base, c.proc = comfy_base, proc
+    with running_comfy(comfy_base, "comfyui-remote.log", object_info=True) as c:
         yield c
-    finally:
-        client.stop_comfy(proc)
 
 
 def _prompt(c, name: str, servers: dict | None = None) -> dict:

@@ -1,6 +1,7 @@
 """Helpers shared by the ComfyUI-tier tests (tests/nodes, tests/integration)."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -96,6 +97,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_comfy(base: Path, log_name: str = "comfyui.log", object_info: bool = False):
+    """A headless ComfyUI on `base` (a --base-directory) at a free port, up before the block and stopped after
+    it: the client, carrying base, proc and port (and /object_info, when asked)."""
+    client = load_script("comfy_client")
+    port = free_port()
+    proc = client.start_comfy(Path(COMFYUI_DIR), base, port, base / log_name)
+    c = client.Comfy(port)
+    try:
+        c.wait_up(proc)
+        if object_info:
+            c.object_info = c.get("/object_info")
+        c.base, c.proc, c.port = base, proc, port
+        yield c
+    finally:
+        client.stop_comfy(proc)
 
 
 def chromium_path() -> str | None:
