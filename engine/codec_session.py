@@ -9,14 +9,19 @@ kernels, the codec a few large convolutions, and the two overlap.
 
 Rows share one decode state when they can: every row in a slot from the first frame to its end, with one
 ICL reference (or none), decodes as one batch ("together": takes of a line, the nodes' usual case).
-Otherwise (rows that join later, several voices) each row has a state of its own; with graphs the rows
-take turns on the one-row bucket's captured state, each switch copying a few MB on the device.
+Rows that join later or have several voices stream "slotted": the rows of a state belong to different
+utterances, each at its own position (a row starts fresh, or from the one-row state after its reference),
+and each chunk decodes every slot up to the highest one held as one batch, in the smallest bucket that
+holds them (a loop fills its lowest free slots, so few rows decode in a small bucket). Whole-utterance
+calls with such rows give each row a state of its own; with graphs the rows take turns on the one-row
+bucket's captured state.
 """
 from __future__ import annotations
 
 import torch
 
 from .config import SAMPLES_PER_FRAME
+from .gpu.buckets import bucket_for
 
 # Frames a whole-utterance decode gathers per piece: the piece left after the last frame is then at most
 # this long, and the frames lose no time to pieces this size (docs/PERFORMANCE_NOTES.md, codec overlap).
@@ -42,17 +47,23 @@ class CodecSession:
     refs[r]: row r's ICL reference codes [R, Q] or None. together: the loop admits every row at once, each
     holding its slot from the first frame to its end, and all refs are one. stream: `push` returns each
     row's new audio (on the host); otherwise `finish` returns every row's whole audio (on the device).
-    side: the CUDA stream the codec runs on (None: the current one)."""
+    side: the CUDA stream the codec runs on (None: the current one). slots: the loop's slots (streams of rows
+    that are not together; default len(refs))."""
 
-    def __init__(self, decoder, graphs, refs: list, *, together: bool, stream: bool, side=None):
+    def __init__(self, decoder, graphs, refs: list, *, together: bool, stream: bool, side=None,
+                 slots: int | None = None):
         self.decoder, self.graphs, self.refs = decoder, graphs, refs
         self.stream, self.side, self.together = stream, side, together
         self.groups: dict[int, _Group] = {}  # row (-1: the together group) -> its group
         self.current = None  # per-row with graphs: the row whose state sits in the one-row bucket's buffers
         self.bucket_state = None  # per-row with graphs: the one-row bucket's state, while this session holds it
+        self.slotted = stream and not together
         self.closed = False
         # The graph states are taken here, on the caller's stream, before the loop's first frame: a row count
         # whose pieces are not captured yet is captured now, never while frames run.
+        if self.slotted:
+            self._open_slots(slots or max(1, len(refs)))
+            return
         shared = graphs.acquire(len(refs) if together else 1, self) if graphs is not None and refs else None
         if not together:
             self.bucket_state = shared
@@ -136,6 +147,79 @@ class CodecSession:
             self.groups[row].state = None
             self.groups[row].shared = False
 
+    # -- slotted states ------------------------------------------------------------------------------
+
+    def _open_slots(self, slots: int) -> None:
+        """The states of every bucket a run of up to `slots` held slots decodes in (the graphs' shared ones where
+        this session can hold them, else private ones)."""
+        graphs = self.graphs
+        captured = {b for b, _ in graphs.graphs} if graphs is not None else set()
+        warm = graphs.warm_buckets if graphs is not None else ()
+        self.bucket_of_span = [0] + [bucket_for(n, captured, warm) for n in range(1, slots + 1)]
+        self.slot_states = {}
+        for bucket in sorted(set(self.bucket_of_span[1:])):
+            state = graphs.acquire(bucket, self) if graphs is not None else None
+            if state is None or graphs.bucket_holding(state) != bucket:
+                state = self._private_state(bucket)
+            self.slot_states[bucket] = state
+        self.slot_bucket = None  # the bucket the held rows' states are in now
+        self.started: set = set()  # rows whose utterance has begun in a slot
+
+    def _private_state(self, batch: int):
+        """A state of `batch` rows with every buffer allocated (one zero frame decoded), then fresh."""
+        from .codec.decoder import DecodeState
+
+        state = DecodeState()
+        codes = torch.zeros(batch, self.decoder.cfg.num_quantizers, 1, dtype=torch.long, device=self._device())
+        self.decoder(codes, state, check=False)
+        return state.zero_()
+
+    def _one_row_start(self, ref):
+        """The one-row state after ICL reference codes `ref` [R, Q] (None: a fresh start)."""
+        if ref is None:
+            return None
+        self.decoder.check_codes(ref.t()[None])
+        if self.graphs is not None:
+            return self.graphs.one_row_prefix(ref)
+        state = self._private_state(1)
+        self.decoder(ref.to(self._device()).t()[None], state, check=False)
+        return state.buffers()
+
+    def _slots_state(self, span: int):
+        """The state of the bucket for `span` held slots; the rows move over when the bucket changes."""
+        bucket = self.bucket_of_span[span]
+        state = self.slot_states[bucket]
+        if self.slot_bucket is not None and self.slot_bucket != bucket:
+            state.copy_rows(self.slot_states[self.slot_bucket], min(bucket, self.slot_bucket))
+        self.slot_bucket = bucket
+        return bucket, state
+
+    def _push_slots(self, chunk) -> list:
+        held = [(slot, r) for slot, r in enumerate(chunk.rows) if r >= 0]
+        if not held:
+            return []
+        bucket, state = self._slots_state(held[-1][0] + 1)
+        for slot, r in held:
+            if r not in self.started:
+                state.start_row(slot, self._one_row_start(self.refs[r]))
+                self.started.add(r)
+        codes = chunk.codes[:bucket].masked_fill(~chunk.valid[:bucket, :, None], 0).transpose(1, 2)
+        if codes.shape[0] < bucket:  # a bucket above the loop's slots: zero rows
+            codes = torch.cat([codes, codes.new_zeros(bucket - codes.shape[0], *codes.shape[1:])])
+        if self.graphs is not None:
+            wav = self.graphs.decode(codes, state)
+        else:
+            wav = self.decoder(codes, state, check=False)
+        wav = wav.float().cpu()  # one copy for every row; it waits for this stream only
+        real, codes_host = chunk.valid.sum(1).tolist(), chunk.codes.cpu()
+        out = []
+        for slot, r in held:
+            n, final = real[slot], r in chunk.ended
+            out.append((r, wav[slot, : n * SAMPLES_PER_FRAME], codes_host[slot, :n], final))
+            if final:
+                self.started.discard(r)
+        return out
+
     # -- decoding ----------------------------------------------------------------------------------
 
     def _flush(self, row: int, final: bool) -> torch.Tensor | None:
@@ -162,6 +246,8 @@ class CodecSession:
         """Take one FrameChunk of the loop. Streaming: [(row, audio [k * 1920] float32 on the host, codes
         [k, Q] on the host, final)] for every row held in the chunk; whole mode: []."""
         with chunk.on(self.side):
+            if self.slotted:
+                return self._push_slots(chunk)
             return self._push_together(chunk) if self.together else self._push_rows(chunk)
 
     def _push_together(self, chunk) -> list:
@@ -233,6 +319,7 @@ class CodecSession:
             self.graphs.release_owner(self)
         self.groups.clear()
         self.current = self.bucket_state = None
+        self.slot_states = {}
 
     def _device(self):
         return next(self.decoder.parameters()).device

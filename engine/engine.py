@@ -206,11 +206,13 @@ class Engine:
     def _max_rows(self, max_rows) -> int:
         return self.max_takes if max_rows is None else checks.whole_number("max_rows", max_rows, 1, self.max_takes)
 
-    def _session(self, refs, together: bool, stream: bool) -> CodecSession:
-        """The codec session of one loop; `refs`: each row's ICL reference codes (a list, or a dict by row id that
-        grows while the loop runs, as the scheduler's does). With graphs its codec works on a side stream."""
+    def _session(self, refs, together: bool, stream: bool, slots: int | None = None) -> CodecSession:
+        """The codec session of one loop of `slots` slots; `refs`: each row's ICL reference codes (a list, or a
+        dict by row id that grows while the loop runs, as the scheduler's does). With graphs its codec works on
+        a side stream."""
         side = torch.cuda.Stream(self.device) if self.codec_graphs is not None else None
-        return CodecSession(self.codec.decoder, self.codec_graphs, refs, together=together, stream=stream, side=side)
+        return CodecSession(self.codec.decoder, self.codec_graphs, refs, together=together, stream=stream, side=side,
+                            slots=slots)
 
     # -- synthesis -----------------------------------------------------------------------------
 
@@ -316,7 +318,7 @@ class Engine:
         slots = min(max_rows, len(rows))
         lead = min(len(item_rows[0]), slots) if first_chunk_frames > 0 else 0
         together = len(rows) <= slots and lead in (0, len(rows)) and _shared_reference(rows)
-        session = self._session([r.prompt.ref_codes for r in rows], together, stream=True)
+        session = self._session([r.prompt.ref_codes for r in rows], together, stream=True, slots=slots)
         side = session.side
         chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames,

@@ -220,7 +220,7 @@ class Scheduler:
     def _serve(self) -> None:
         """One decode loop, until no request waits or runs."""
         engine = self.engine
-        session = engine._session(self._refs, together=False, stream=True)
+        session = engine._session(self._refs, together=False, stream=True, slots=self.slots)
         side = session.side
         chunks = decode_rows(engine.runner, self._source, slots=self.slots, params=engine.defaults,
                              eos_id=engine.cfg.talker.codec_eos_id, chunk_frames=self.chunk_frames,

@@ -88,7 +88,7 @@ class CodecDecoder(nn.Module):
         h = self.pre_conv(self.quantizer.decode(codes), state)  # [B, T, latent]: time-major from here on
         h = self.pre_transformer(h, state)
         if state is not None:
-            state.position(codes.device).add_(codes.shape[-1])
+            state.position(codes.device, codes.shape[0]).add_(codes.shape[-1])
         for stage in self.upsample:
             for layer in stage:
                 h = layer(h, state)

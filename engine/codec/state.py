@@ -4,7 +4,7 @@ with it (engine/codec/decoder.py describes the pipeline).
 Every stage is causal, so each module takes an optional `DecodeState`. Without one, a module sees the
 whole sequence with zero left padding. With one, it prepends what it kept from the previous chunk
 (conv input tails, transposed-conv overlap, the transformer's K/V of the last `sliding_window - 1`
-frames and the absolute frame position) and keeps what the next chunk will need. A fresh state is all
+frames and each row's absolute frame position) and keeps what the next chunk will need. A fresh state is all
 zeros, which is exactly the one-pass zero padding (the transformer masks the zero K/V rows that lie
 before frame 0), so one-pass and chunked decoding run the same code.
 
@@ -34,11 +34,11 @@ class DecodeState:
     def __init__(self) -> None:
         self.tails: dict[nn.Module, torch.Tensor] = {}  # conv input tails [B, keep, C], keyed by module
         self.kv: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}  # [B, kv_heads, window-1, d] each
-        self.frames: torch.Tensor | None = None  # long [1]: absolute position of the next frame
+        self.frames: torch.Tensor | None = None  # long [B]: each row's absolute position of its next frame
 
-    def position(self, device) -> torch.Tensor:
+    def position(self, device, batch: int) -> torch.Tensor:
         if self.frames is None:
-            self.frames = torch.zeros(1, dtype=torch.long, device=device)
+            self.frames = torch.zeros(batch, dtype=torch.long, device=device)
         return self.frames
 
     def buffers(self) -> list[torch.Tensor]:
@@ -66,8 +66,30 @@ class DecodeState:
         mine = self.buffers()
         if len(mine) != len(saved):
             raise ValueError("DecodeState gained buffers since the snapshot")
-        for dst, src in zip(mine, saved):
-            dst.copy_(src)
+        torch._foreach_copy_(mine, saved)
+
+    # -- rows: a state whose rows belong to different utterances (codec_session.py, slotted decoding) --------
+
+    @torch.inference_mode()
+    def start_row(self, row: int, saved: list[torch.Tensor] | None) -> None:
+        """Row `row` begins a new utterance: a fresh row (saved None), or the one-row snapshot `saved` (a state
+        after an ICL reference, DecodeState.snapshot of a one-row state)."""
+        mine = self.buffers()
+        if saved is None:
+            for t in mine:
+                t[row].zero_()
+            return
+        if len(mine) != len(saved):
+            raise ValueError("the one-row snapshot does not match this state's buffers")
+        torch._foreach_copy_([t[row] for t in mine], [t[0] for t in saved])
+
+    @torch.inference_mode()
+    def copy_rows(self, other: DecodeState, rows: int) -> None:
+        """Take the first `rows` rows of `other` (a state of the same decoder, another batch size)."""
+        mine, theirs = self.buffers(), other.buffers()
+        if len(mine) != len(theirs):
+            raise ValueError("the two states do not hold the same buffers")
+        torch._foreach_copy_([t[:rows] for t in mine], [t[:rows] for t in theirs])
 
 
 def causal_window(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState | None, act: SnakeBeta | None = None,

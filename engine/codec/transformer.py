@@ -58,12 +58,12 @@ class SlidingAttention(nn.Module):
         self.window = cfg.sliding_window
 
     def forward(self, x, cos, sin, mask, state: DecodeState | None = None) -> torch.Tensor:
-        """`mask` [n, keys] from SlidingTransformer.mask (keys = n, or window - 1 + n with a state)."""
+        """`mask` from SlidingTransformer.mask: [n, n], or [B, 1, n, window - 1 + n] with a state."""
         b, n, _ = x.shape
         h, hk = self.heads, self.kv_heads
         weight, bias = _merged_rows(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj])
         qkv = F.linear(x, weight, bias).view(b, n, h + 2 * hk, self.head_dim)  # q, k, v in one matmul
-        qk = apply_rope(qkv[:, :, : h + hk], cos[:, None], sin[:, None])  # RoPE on q and k in one pass
+        qk = apply_rope(qkv[:, :, : h + hk], cos[:, :, None], sin[:, :, None])  # RoPE on q and k in one pass
         q, k = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2)
         v = qkv[:, :, h + hk:].transpose(1, 2)
         if state is not None:  # fixed-size past: the last window - 1 keys (zeros before frame 0, masked)
@@ -118,29 +118,31 @@ class SlidingTransformer(nn.Module):
         self.cfg = cfg
 
     def mask(self, n: int, device, first: torch.Tensor | None) -> torch.Tensor:
-        """Bool [n, keys]: query i sees key j iff 0 <= i - j < window (relative to the chunk).
+        """Bool: query i sees key j iff 0 <= i - j < window (relative to the chunk).
 
-        One pass (first None): keys are the n frames themselves. Chunked: keys are window - 1 past
-        frames then the n new ones, and past keys before frame 0 (first + j - (window - 1) < 0) are the
-        zero padding of a fresh state, so they are masked too. Tensor ops only, no host sync.
+        One pass (first None): [n, n], the keys are the n frames themselves. Chunked: [B, 1, n, keys], the
+        keys are window - 1 past frames then the n new ones, and past keys before a row's frame 0
+        (first[b] + j - (window - 1) < 0) are the zero padding of a fresh row, so they are masked too. Tensor
+        ops only, no host sync.
         """
         past = 0 if first is None else self.cfg.sliding_window - 1
         q = torch.arange(n, device=device)[:, None]
         k = torch.arange(-past, n, device=device)[None, :]
         mask = (k <= q) & (k > q - self.cfg.sliding_window)
         if first is not None:
-            mask = mask & (k + first >= 0)
+            mask = mask & (k + first[:, None, None, None] >= 0)
         return mask
 
     def forward(self, x: torch.Tensor, state: DecodeState | None = None) -> torch.Tensor:
-        """x [B, T, latent] -> [B, T, latent]; positions continue from state.frames when chunked."""
+        """x [B, T, latent] -> [B, T, latent]; each row's positions continue from state.frames when chunked
+        (rows of one state may be at different positions)."""
         h = self.input_proj(x)
-        n = h.shape[1]
-        first = state.position(h.device) if state is not None else None
-        pos = torch.arange(n, device=h.device)
+        b, n = h.shape[:2]
+        first = state.position(h.device, b) if state is not None else None
+        pos = torch.arange(n, device=h.device)[None]
         if first is not None:
-            pos = pos + first  # integers < 2^24 become exact fp32 angles: the same as one pass
-        cos, sin = self.rotary(pos, h.dtype)
+            pos = pos + first[:, None]  # integers < 2^24 become exact fp32 angles: the same as one pass
+        cos, sin = self.rotary(pos, h.dtype)  # [1 or B, n, head_dim]
         mask = self.mask(n, h.device, first)
         for layer in self.layers:
             h = layer(h, cos, sin, mask, state)

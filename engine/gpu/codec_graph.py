@@ -135,7 +135,7 @@ class CodecGraphs:
             if ref() is owner:
                 del self._owners[bucket]
 
-    def _bucket_holding(self, state: DecodeState) -> int | None:
+    def bucket_holding(self, state: DecodeState) -> int | None:
         for bucket, shared in self.states.items():
             if shared is state:
                 return bucket
@@ -211,7 +211,7 @@ class CodecGraphs:
         end, and its owner zeroes or primes it before the next utterance (acquire's callers all do).
         """
         batch, frames = codes.shape[0], codes.shape[-1]
-        bucket = self._bucket_holding(state)
+        bucket = self.bucket_holding(state)
         if bucket is None:
             self.eager_pieces += 1
             return self.decoder(codes, state, check=False)
@@ -255,7 +255,7 @@ class CodecGraphs:
         """Start a new utterance of `batch` rows on `state` after the ICL reference codes [R, Q] (left
         context, never emitted). On a shared state the state after the reference is kept and put back
         the next time the same codes come."""
-        bucket = self._bucket_holding(state)
+        bucket = self.bucket_holding(state)
         codes = ref_codes.t()[None]
         if bucket is None:
             state.zero_()
@@ -274,6 +274,25 @@ class CodecGraphs:
         self.prefixes[key] = state.snapshot()
         if len(self.prefixes) > PREFIXES_KEPT:
             self.prefixes.popitem(last=False)
+
+    @torch.inference_mode()
+    def one_row_prefix(self, ref_codes: torch.Tensor) -> list[torch.Tensor]:
+        """The one-row state after ICL reference codes [R, Q], as a snapshot (slotted streams start a row from
+        it: DecodeState.start_row). Kept with the primed states of the one-row bucket (the same key), decoded
+        eagerly on a private state the first time: the one-row bucket's state may be decoding a row now."""
+        digest = hashlib.sha1(ref_codes.cpu().numpy().tobytes(), usedforsecurity=False).hexdigest()  # a cache key
+        key = (1, tuple(ref_codes.shape), digest)
+        saved = self.prefixes.get(key)
+        if saved is None:
+            state = DecodeState()
+            self.decoder(ref_codes.t()[None].to(self._device()), state, check=False)
+            saved = self.prefixes[key] = state.buffers()
+            if len(self.prefixes) > PREFIXES_KEPT:
+                self.prefixes.popitem(last=False)
+        else:
+            self.prefixes.move_to_end(key)
+            self.prefix_hits += 1
+        return saved
 
     @torch.inference_mode()
     def decode_utterance(self, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -74,7 +74,7 @@ def _inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """1-D rotary embedding: positions -> (cos, sin), each [L, head_dim] in the requested dtype."""
+    """1-D rotary embedding: positions [..., L] -> (cos, sin), each [..., L, head_dim] in the requested dtype."""
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
@@ -98,7 +98,7 @@ class RotaryEmbedding(nn.Module):
         return self
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        angles = positions.to(torch.float32)[..., None] * self.inv_freq
         angles = torch.cat((angles, angles), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 

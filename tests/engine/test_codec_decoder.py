@@ -227,9 +227,9 @@ def test_state_is_static_and_reset_in_place(small_window):
     _pieces(small_window, a[:, :3], [3], state)
     ptrs = [t.data_ptr() for t in state.buffers()]
     shapes = [t.shape for t in state.buffers()]
-    assert int(state.frames) == 3 and state.frames.dtype == torch.long and state.frames.shape == (1,)
+    assert state.frames.tolist() == [3, 3] and state.frames.dtype == torch.long  # one position per row
     _pieces(small_window, a[:, 3:], [1, 9, 7], state)
-    assert int(state.frames) == 20
+    assert state.frames.tolist() == [20, 20]
     assert [t.data_ptr() for t in state.buffers()] == ptrs and [t.shape for t in state.buffers()] == shapes
     kv = next(iter(state.kv.values()))
     assert kv[0].shape == (2, 1, 4, 16)  # [B, kv_heads, window - 1, head_dim]
@@ -248,6 +248,40 @@ def test_batch_rows_are_independent(small_window):
     for i in range(3):
         alone = _pieces(small_window, codes[i: i + 1], [5, 12])
         assert (alone[0] - batch[i]).abs().max().item() <= TOL, f"row {i}"
+
+
+def test_rows_of_one_state_at_their_own_positions(small_window):
+    """Slotted decoding: the rows of one state belong to different utterances that started at different
+    chunks (start_row gives a row a fresh start, or the one-row state after a reference), each equal to its
+    utterance decoded alone; copy_rows carries rows to a state of another batch size."""
+    a, b, ref = _codes(1, 21, seed=40), _codes(1, 9, seed=41), _codes(1, 7, seed=42)
+    with torch.inference_mode():
+        primed = DecodeState()
+        small_window.decoder(ref.transpose(1, 2), primed, check=False)
+        state = DecodeState()
+        small_window.decoder(torch.zeros(2, 16, 1, dtype=torch.long), state, check=False)  # allocates [2, ...]
+        state.start_row(0, None)
+        out_a, out_b = [], []
+        for start in range(0, 12, 4):  # row 0 alone (row 1 idle) for 12 frames
+            out_a.append(small_window.decoder(torch.cat([a[:, start: start + 4], b[:, :4]]).transpose(1, 2),
+                                              state, check=False)[0])
+        state.start_row(1, primed.snapshot())  # row 1 begins after the reference, row 0 goes on
+        for start in range(0, 8, 4):
+            wav = small_window.decoder(torch.cat([a[:, 12 + start: 16 + start], b[:, start: start + 4]])
+                                       .transpose(1, 2), state, check=False)
+            out_a.append(wav[0])
+            out_b.append(wav[1])
+        assert state.frames.tolist() == [20, 7 + 8]
+        wide = DecodeState()
+        small_window.decoder(torch.zeros(4, 16, 1, dtype=torch.long), wide, check=False)
+        wide.copy_rows(state, 2)  # the two rows go on in a four-row state
+        wav = small_window.decoder(torch.cat([a[:, 20:], b[:, 8:], b[:, :1], b[:, :1]]).transpose(1, 2), wide,
+                                   check=False)
+        out_a.append(wav[0])
+        out_b.append(wav[1])
+    assert (torch.cat(out_a) - small_window.decode(a)[0]).abs().max().item() <= TOL
+    after_ref = small_window.decode(torch.cat([ref, b], 1))[0, 7 * small_window.decoder.samples_per_frame:]
+    assert (torch.cat(out_b) - after_ref).abs().max().item() <= TOL
 
 
 def test_streaming_with_codec_graphs_object_uncaptured(small_window):

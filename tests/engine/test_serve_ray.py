@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import base64
 import http.client
+import io
 import json
 import sys
 import time
+import wave
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from tests.support._q3support import need
@@ -105,6 +108,11 @@ def test_health_lists_both_replicas_and_the_usual_keys(custom):
     assert facts["max_rows"] == 2 * local_facts["max_rows"]  # both replicas' rows
 
 
+def _samples(wav: bytes) -> np.ndarray:
+    with wave.open(io.BytesIO(wav)) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(int)
+
+
 def test_concurrent_requests_use_both_replicas_and_equal_the_local_engine(custom):
     remote, local = custom
     before = sum(r["served"] for r in _each(remote))
@@ -114,8 +122,9 @@ def test_concurrent_requests_use_both_replicas_and_equal_the_local_engine(custom
     each = _each(remote)
     assert sum(r["served"] for r in each) - before == len(seeds)
     assert all(r["served"] > 0 for r in each), each  # the router spread the requests
-    for seed, answer in zip(seeds, answers):
-        assert answer == _ok(local, **{**LINE, "max_new_tokens": 12}, seed=seed), f"seed {seed}"
+    for seed, answer in zip(seeds, answers):  # the same codes: the samples to one 16-bit step (the codec's batch)
+        alone = _samples(_ok(local, **{**LINE, "max_new_tokens": 12}, seed=seed))
+        assert alone.shape == _samples(answer).shape and np.abs(_samples(answer) - alone).max() <= 1, f"seed {seed}"
     assert len(set(answers)) == len(seeds)  # the seeds mattered
 
 
@@ -136,7 +145,7 @@ def test_takes_equal_the_local_servers(custom):
 
 def test_the_remote_engine_client_gets_the_local_servers_results(custom):
     """RemoteEngine (what the nodes use against a server) sends each take as its own request: over both replicas
-    they equal the in-process server's, codes and samples."""
+    they equal the in-process server's: the same codes, the samples to float rounding."""
     from engine import Request
     from engine.remote import RemoteEngine
 
@@ -145,7 +154,7 @@ def test_the_remote_engine_client_gets_the_local_servers_results(custom):
     got, want = (RemoteEngine.connect(f"http://{s.host}:{s.port}").generate(request, takes=3, seed=4, params=s.model
                  .defaults.capped(6)) for s in (remote, local))
     assert got.lengths == want.lengths and all(g.equal(w) for g, w in zip(got.codes, want.codes))
-    assert got.audio.equal(want.audio)
+    assert float((got.audio - want.audio).abs().max()) <= 1e-5  # rows decoded in other batches: float rounding
 
 
 @pytest.mark.parametrize("fields, param", [({"temperature": -1.0}, "temperature"), ({"voice": "nobody"}, "voice"),
