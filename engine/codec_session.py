@@ -11,8 +11,8 @@ Rows share one decode state when they can: every row in a slot from the first fr
 ICL reference (or none), decodes as one batch ("together": takes of a line, the nodes' usual case).
 Rows that join later or have several voices stream "slotted": the rows of a state belong to different
 utterances, each at its own position (a row starts fresh, or from the one-row state after its reference),
-and each chunk decodes every slot up to the highest one held as one batch, in the smallest bucket that
-holds them (a loop fills its lowest free slots, so few rows decode in a small bucket). Whole-utterance
+and each chunk decodes every slot up to the highest one held as one batch, in the smallest captured bucket
+that holds them (a loop fills its lowest free slots: a lone row decodes alone). Whole-utterance
 calls with such rows give each row a state of its own; with graphs the rows take turns on the one-row
 bucket's captured state.
 """

@@ -12,7 +12,7 @@ import torch
 from .decode import Row, decode_rows
 from .engine_config import EngineConfig
 from .errors import InvalidInputError, UnsupportedConfigError
-from .gpu.buckets import codec_buckets, warm_buckets
+from .gpu.buckets import warm_buckets
 from .prompt import MODE_OF_MODEL, Request
 from .voice import Voice
 
@@ -111,7 +111,7 @@ def load_engine(engine_cls, config: EngineConfig):
             from .gpu.codec_graph import CodecGraphs
 
             early["codec"] = CodecGraphs(decoder)
-            early["codec"].precapture_beside(codec_buckets(config.warm_takes))
+            early["codec"].precapture_beside(warm_buckets(config.warm_takes))
 
     codec_dir = Path(config.codec_dir) if config.codec_dir else None
     try:
@@ -190,8 +190,7 @@ def _enable_graphs(engine, forced: bool, kernels, codec, reserved_before: int) -
             raise UnsupportedConfigError(f"codec CUDA graph capture failed ({codec.failure}).")
         engine.info.notes.append(f"codec CUDA graphs: capture failed ({codec.failure}); the codec decodes eagerly")
         return
-    codec_rows = ", ".join(str(b) for b in codec_buckets(config.warm_takes))
-    engine.info.notes.append(f"codec CUDA graphs: on ({codec.captures} piece graphs of 1-32 frames for {codec_rows} rows, "
+    engine.info.notes.append(f"codec CUDA graphs: on ({codec.captures} piece graphs of 1-32 frames for {rows} rows, "
                              f"{codec.capture_seconds:.2f} s of captures; calls of up to {config.warm_takes} takes "
                              "run on these, more capture theirs before their first request decodes)")
 
@@ -219,7 +218,7 @@ def warm_up(engine) -> None:
         precapture(buckets, PRECAPTURE_WINDOW)
     if engine.codec_graphs is None:
         return
-    engine.codec_graphs.precapture(codec_buckets(engine.config.warm_takes))
+    engine.codec_graphs.precapture(buckets)
     engine.generate(req, params=warm)
     for _ in engine.stream(req, params=warm, chunk_frames=2, first_chunk_frames=1):
         pass
@@ -227,5 +226,5 @@ def warm_up(engine) -> None:
         engine.generate(req, takes=engine.config.warm_takes, params=warm)
         for _ in engine.stream(req, takes=engine.config.warm_takes, params=warm, chunk_frames=2):
             pass
-    for bucket in codec_buckets(engine.config.warm_takes):  # the shared codec states are left fresh, as captured
+    for bucket in buckets:  # the shared codec states are left fresh, as the capture left them
         engine.codec_graphs.state(bucket).zero_()

@@ -19,14 +19,6 @@ def warm_buckets(warm_takes: int) -> list:
     return sorted({1, batch_bucket(warm_takes)})
 
 
-def codec_buckets(warm_takes: int) -> list:
-    """The batch buckets whose codec graphs a load captures: every one up to warm_takes' bucket, since a stream
-    of rows that join one by one (a server's) decodes its held slots in the smallest bucket that holds them
-    (codec_session.py). The codec's graphs are captured beside the talker's weights being read."""
-    top = batch_bucket(warm_takes)
-    return [b for b in BATCH_BUCKETS if b <= top]
-
-
 def bucket_for(rows: int, captured, warm) -> int:
     """The bucket a run of `rows` rows uses: its own if its graphs exist (`captured`), else the smallest of the
     buckets the load captured (`warm`) that holds the rows, so the request waits for no capture; else its own,

@@ -324,10 +324,12 @@ class _Beside:
     """CodecGraphs.precapture at load, on threads of their own, each on a stream of its own (their work is
     ordered after the work queued on the caller's stream so far, where the codec's weights were copied).
 
-    The first bucket's thread decodes that bucket's first eager frame, where the libraries start (cuDNN,
-    cuBLAS, the snake kernel's load), then starts a thread for each other bucket and captures its own pieces,
-    so no single thread of captures is left as the load's last step. Each bucket has its own graph pool:
-    graphs captured at the same time must not share one."""
+    The first thread decodes the first bucket's first eager frame, where the libraries start (cuDNN, cuBLAS,
+    the snake kernel's load), then starts a second thread for the largest bucket and captures the others itself
+    (the largest costs about as much as all the smaller ones together), so no single thread of captures is left
+    as the load's last step. Two threads, not one a bucket: more captures at once fail on the GPU
+    (cudaErrorStreamCaptureIsolation). Each bucket has its own graph pool: graphs captured at the same time
+    must not share one."""
 
     def __init__(self, graphs: CodecGraphs, buckets):
         self.device = graphs._device()
@@ -335,24 +337,24 @@ class _Beside:
         self.ready.record(torch.cuda.current_stream(self.device))
         self.errors: list[BaseException] = []
         self.threads: list[tuple[threading.Thread, torch.cuda.Stream]] = []
-        first, *rest = list(buckets)
-        self._start(graphs, first, rest)
+        first, *rest = sorted(buckets)
+        self._start(graphs, [first, *rest[:-1]], rest[-1:])
 
-    def _start(self, graphs: CodecGraphs, bucket: int, then: list) -> None:
+    def _start(self, graphs: CodecGraphs, buckets: list, then: list) -> None:
         stream = torch.cuda.Stream(self.device)
         stream.wait_event(self.ready)
-        thread = threading.Thread(target=self._run, args=(graphs, bucket, then, stream), name="codec-precapture",
+        thread = threading.Thread(target=self._run, args=(graphs, buckets, then, stream), name="codec-precapture",
                                   daemon=True)
         self.threads.append((thread, stream))
         thread.start()
 
-    def _run(self, graphs: CodecGraphs, bucket: int, then: list, stream: torch.cuda.Stream) -> None:
+    def _run(self, graphs: CodecGraphs, buckets: list, then: list, stream: torch.cuda.Stream) -> None:
         try:
             with torch.cuda.device(self.device), torch.cuda.stream(stream):
-                graphs.state(bucket)  # the libraries' start-up, once, before other threads start
-                for other in then:
-                    self._start(graphs, other, [])
-                graphs.precapture([bucket])
+                graphs.state(buckets[0])  # the libraries' start-up, once, before the other thread starts
+                if then:
+                    self._start(graphs, then, [])
+                graphs.precapture(buckets)
         except BaseException as exc:  # noqa: BLE001  handed to the thread that joins
             self.errors.append(exc)
 
