@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -259,9 +260,11 @@ def run_config(model: Path, label: str, args, server_args: list) -> tuple[dict, 
     rng = random.Random(args.seed)
     with ServerProcess(model, server_args) as server:
         out["server_start_s"] = server.start_s
+        print(f"{label}: the server is up after {server.start_s:.1f} s (load and graph capture)", flush=True)
         try:
             if args.alone:
                 out["alone_server_ms"] = asyncio.run(one_at_a_time(server.url, mix, args.alone))
+                print(f"{label} alone through the server, first audio ms: {out['alone_server_ms']}", flush=True)
             for rate in args.rates:
                 summary, recs = asyncio.run(open_loop(server.url, mix, rate, args.duration, args.requests, exact, rng))
                 out["rates"].append({"rate": rate, **summary})
@@ -358,6 +361,8 @@ def table(results: list, args) -> str:
 
 
 def main(argv=None) -> int:
+    # A run stopped by `timeout` (SIGTERM) unwinds like Ctrl-C: the server is stopped and its log shown.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--alone-worker", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, action="append", default=[], help="a checkpoint folder (repeatable)")

@@ -50,7 +50,12 @@ class ServerProcess:
             found.set()  # the process ended
 
         threading.Thread(target=read, name="server-stderr", daemon=True).start()
-        found.wait(timeout)
+        try:
+            found.wait(timeout)
+        except BaseException:  # stopped while loading (Ctrl-C, or the bench's SIGTERM): show how far it got
+            print(self.log(40), file=sys.stderr, flush=True)
+            self.stop()
+            raise
         if self.url is None:
             self.stop()
             raise RuntimeError(f"the server did not start ({' '.join(cmd)}):\n" + self.log(40))
