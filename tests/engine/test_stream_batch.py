@@ -135,6 +135,54 @@ def _chunks(codes: list, joins: list, sizes: list):
     return out
 
 
+def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base):
+    """A stream's rows that join one by one (a server's) decode slotted: one codec call per chunk for every row
+    held, whatever their positions; a slot freed by a row that ended starts the next row's utterance afresh (here
+    after an ICL reference), and each row equals its own one-pass decode."""
+    codec = base.codec
+    gen = torch.Generator().manual_seed(3)
+    codes = [torch.randint(0, 2048, (n, 16), generator=gen) for n in (5, 14, 9)]
+    ref = torch.randint(0, 2048, (6, 16), generator=gen)
+    refs = [None, None, ref]
+    # (slot of each row, the chunk it joins): row 2 takes slot 0 once row 0 has ended
+    place, joins, sizes = [0, 1, 0], [0, 1, 2], [3, 2, 4, 4, 4]
+    pos, chunks = [0, 0, 0], []
+    for step, k in enumerate(sizes):
+        chunk_codes, valid = torch.zeros(2, k, 16, dtype=torch.long), torch.zeros(2, k, dtype=torch.bool)
+        rows, ended = [-1, -1], []
+        for r, c in enumerate(codes):
+            if step < joins[r] or pos[r] >= c.shape[0] or rows[place[r]] >= 0:
+                continue
+            n = min(k, c.shape[0] - pos[r])
+            chunk_codes[place[r], :n], valid[place[r], :n] = c[pos[r]: pos[r] + n], True
+            pos[r] += n
+            rows[place[r]] = r
+            if pos[r] == c.shape[0]:
+                ended.append(r)
+        chunks.append(FrameChunk(chunk_codes, valid, 0, step == len(sizes) - 1, tuple(rows), tuple(ended)))
+    assert pos == [c.shape[0] for c in codes] and chunks[2].rows == (2, 1)  # slot 0 reused by row 2
+    session = CodecSession(codec.decoder, None, refs, together=False, stream=True, slots=2)
+    calls = []
+    hook = codec.decoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
+    out, per_chunk = [[] for _ in codes], []
+    try:
+        for chunk in chunks:
+            calls.clear()
+            for r, audio, _, _ in session.push(chunk):
+                out[r].append(audio)
+            per_chunk.append(list(calls))
+    finally:
+        hook.remove()
+    session.release()
+    # one codec call per chunk, in the bucket of the slots held (1, then 2); when row 2 joins, its reference is
+    # decoded on a one-row state (one frame to allocate it, then the reference) and copied into slot 0
+    assert per_chunk == [[1], [2], [1, 1, 2], [2], [2]]
+    for r, c in enumerate(codes):
+        full = c if refs[r] is None else torch.cat([refs[r], c])
+        one_pass = codec.decode(full[None])[0, (0 if refs[r] is None else 6 * 1920):]
+        assert float((torch.cat(out[r]) - one_pass).abs().max()) <= 1e-5, r
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("stream", [False, True])
 def test_codec_session_keeps_each_row_utterance(base, graphs, stream):
