@@ -392,17 +392,17 @@ def main(argv=None) -> int:
     if not runs:
         ap.error("give --model DIR or --configs SIZE:TYPE")
     results, records = [], []
-    for model, label in runs:
+    name = args.name or _device_tag(args.device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for model, label in runs:  # the files are written after each config: a run cut short keeps the ones done
         out, recs = run_config(model, label, args, server_args)
         results.append(out)
         records += recs
-    name = args.name or _device_tag(args.device)
-    args.out.mkdir(parents=True, exist_ok=True)
-    md = table(results, args)
-    (args.out / f"serve_{name}.md").write_text(md)
-    write_json(args.out / f"serve_{name}.json", {"configs": results, "published_not_measured": PUBLISHED,
-                                                  "options": {k: str(v) for k, v in vars(args).items()}})
-    write_json(args.out / f"serve_{name}_requests.json.gz", records)
+        md = table(results, args)
+        (args.out / f"serve_{name}.md").write_text(md)
+        write_json(args.out / f"serve_{name}.json", {"configs": results, "published_not_measured": PUBLISHED,
+                                                      "options": {k: str(v) for k, v in vars(args).items()}})
+        write_json(args.out / f"serve_{name}_requests.json.gz", records)
     print(md)
     return 0
 
