@@ -156,23 +156,25 @@ class CodecSession:
         captured = {b for b, _ in graphs.graphs} if graphs is not None else set()
         warm = graphs.warm_buckets if graphs is not None else ()
         self.bucket_of_span = [0] + [bucket_for(n, captured, warm) for n in range(1, slots + 1)]
-        self.slot_states = {}
-        for bucket in sorted(set(self.bucket_of_span[1:])):
-            state = graphs.acquire(bucket, self) if graphs is not None else None
-            if state is None or graphs.bucket_holding(state) != bucket:
-                state = self._private_state(bucket)
-            self.slot_states[bucket] = state
+        self.slot_states = {}  # bucket -> its state; a private one is made when the bucket is first needed
+        self.template = None  # a fresh one-row state, the shape of every private one
+        for bucket in sorted(set(self.bucket_of_span[1:])) if graphs is not None else ():
+            state = graphs.acquire(bucket, self)
+            if state is not None and graphs.bucket_holding(state) == bucket:
+                self.slot_states[bucket] = state
         self.slot_bucket = None  # the bucket the held rows' states are in now
         self.started: set = set()  # rows whose utterance has begun in a slot
 
     def _private_state(self, batch: int):
-        """A state of `batch` rows with every buffer allocated (one zero frame decoded), then fresh."""
+        """A fresh state of `batch` rows with every buffer allocated (the first one by decoding a zero frame)."""
         from .codec.decoder import DecodeState
 
-        state = DecodeState()
-        codes = torch.zeros(batch, self.decoder.cfg.num_quantizers, 1, dtype=torch.long, device=self._device())
-        self.decoder(codes, state, check=False)
-        return state.zero_()
+        if self.template is None:
+            state = DecodeState()
+            codes = torch.zeros(1, self.decoder.cfg.num_quantizers, 1, dtype=torch.long, device=self._device())
+            self.decoder(codes, state, check=False)
+            self.template = state.zero_()
+        return self.template.widened(batch)
 
     def _one_row_start(self, ref):
         """The one-row state after ICL reference codes `ref` [R, Q] (None: a fresh start)."""
@@ -188,7 +190,9 @@ class CodecSession:
     def _slots_state(self, span: int):
         """The state of the bucket for `span` held slots; the rows move over when the bucket changes."""
         bucket = self.bucket_of_span[span]
-        state = self.slot_states[bucket]
+        state = self.slot_states.get(bucket)
+        if state is None:
+            state = self.slot_states[bucket] = self._private_state(bucket)
         if self.slot_bucket is not None and self.slot_bucket != bucket:
             state.copy_rows(self.slot_states[self.slot_bucket], min(bucket, self.slot_bucket))
         self.slot_bucket = bucket

@@ -83,6 +83,15 @@ class DecodeState:
             raise ValueError("the one-row snapshot does not match this state's buffers")
         torch._foreach_copy_([t[row] for t in mine], [t[0] for t in saved])
 
+    def widened(self, batch: int) -> DecodeState:
+        """A fresh state of `batch` rows with every buffer this one has (no decode needed to allocate them)."""
+        out = DecodeState()
+        out.tails = {m: t.new_zeros(batch, *t.shape[1:]) for m, t in self.tails.items()}
+        out.kv = {m: (k.new_zeros(batch, *k.shape[1:]), v.new_zeros(batch, *v.shape[1:]))
+                  for m, (k, v) in self.kv.items()}
+        out.frames = self.frames.new_zeros(batch) if self.frames is not None else None
+        return out
+
     @torch.inference_mode()
     def copy_rows(self, other: DecodeState, rows: int) -> None:
         """Take the first `rows` rows of `other` (a state of the same decoder, another batch size)."""

@@ -174,9 +174,10 @@ def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base
     finally:
         hook.remove()
     session.release()
-    # one codec call per chunk, in the bucket of the slots held (1, then 2); when row 2 joins, its reference is
-    # decoded on a one-row state (one frame to allocate it, then the reference) and copied into slot 0
-    assert per_chunk == [[1], [2], [1, 1, 2], [2], [2]]
+    # one codec call per chunk, in the bucket of the slots held (1, then 2), after one zero frame at the start that
+    # gives every state's buffers their shapes; when row 2 joins, its reference is decoded on a one-row state and
+    # copied into slot 0
+    assert per_chunk == [[1, 1], [2], [1, 2], [2], [2]]
     for r, c in enumerate(codes):
         full = c if refs[r] is None else torch.cat([refs[r], c])
         one_pass = codec.decode(full[None])[0, (0 if refs[r] is None else 6 * 1920):]
