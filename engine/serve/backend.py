@@ -76,13 +76,17 @@ class Backend:
             self.counts.cancelled += 1
             raise
         except QueueFullError:
-            raise QueueFullError(f"the server already has {self.scheduler.max_queue} requests waiting (its "
+            raise QueueFullError(f"the server already has {self.max_queue} requests waiting (its "
                                  "--max-queue); try again shortly.") from None
         return Served(ticket, self.counts)
 
     async def extract_voice(self, waveform, sample_rate: int, ref_text: str | None):
         """A voice from uploaded audio. It uses the speaker and codec encoders only, so it runs beside the loop."""
         return await asyncio.to_thread(self.engine.extract_voice_beside_decode, waveform, sample_rate, ref_text)
+
+    @property
+    def max_queue(self) -> int:
+        return self.scheduler.max_queue
 
     def stats(self) -> dict:
         return self.scheduler.stats()

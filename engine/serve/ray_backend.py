@@ -83,7 +83,7 @@ class RayTicket:
 
 class RayBackend:
     def __init__(self, handle, replicas: int, rows: int, per_replica: int, max_queue: int, board=None,
-                 on_close=None, engine=None):
+                 on_close=None, *, engine):
         self.handle = handle
         self.engine = engine  # what a replica's engine is (its info and config), for GET /v1/engine
         self.max_queue = max_queue

@@ -9,7 +9,6 @@ import dataclasses
 from aiohttp import web
 
 from ..config import SAMPLE_RATE
-from ..engine_config import EngineConfig
 from .api_errors import FieldError
 from .app_keys import BACKEND, MODEL
 from .served_model import ServedModel
@@ -20,31 +19,18 @@ VOICE_FIELDS = ("reference_audio", "reference_text")
 
 
 async def engine_facts(request: web.Request) -> web.Response:
+    """What the engine is (both backends carry its info and config: a Ray backend the replicas' facts) and how
+    many requests may wait and rows decode at once: a client keeps no more requests open than may wait, so it is
+    never refused for a full queue alone."""
     model: ServedModel = request.app[MODEL]
     backend = request.app[BACKEND]
-    engine = getattr(backend, "engine", None)  # a backend without a local engine: the defaults
-    info = getattr(engine, "info", None)
-    config = getattr(engine, "config", None)
+    info, config = backend.engine.info, backend.engine.config
     return web.json_response({
         **model.card(), "sample_rate": SAMPLE_RATE, "defaults": dataclasses.asdict(model.defaults),
-        "max_seq_len": getattr(config, "max_seq_len", EngineConfig.max_seq_len),
-        "model_size": getattr(info, "model_size", ""), "summary": info.summary() if info is not None else "",
-        "device": getattr(info, "device", ""), "dtype": getattr(info, "dtype", ""),
-        "cuda_graphs": bool(getattr(info, "cuda_graphs", False)), "kernels": list(getattr(info, "kernels", [])),
-        "notes": list(getattr(info, "notes", [])), "saved_voices": model.saved_voices(),
-        **_capacity(backend)})
-
-
-def _capacity(backend) -> dict:
-    """How many requests may wait (max_queue) and how many rows decode at once (max_rows), where the backend
-    says; a client keeps no more requests open than may wait, so it is never refused for a full queue alone."""
-    scheduler = getattr(backend, "scheduler", None)
-    max_queue = getattr(scheduler, "max_queue", getattr(backend, "max_queue", None))
-    try:
-        max_rows = backend.stats()["slots"]
-    except (AttributeError, KeyError, TypeError):
-        max_rows = None
-    return {"max_queue": max_queue, "max_rows": max_rows}
+        "max_seq_len": config.max_seq_len, "model_size": info.model_size, "summary": info.summary(),
+        "device": info.device, "dtype": info.dtype, "cuda_graphs": bool(info.cuda_graphs),
+        "kernels": list(info.kernels), "notes": list(info.notes), "saved_voices": model.saved_voices(),
+        "max_queue": backend.max_queue, "max_rows": backend.stats()["slots"]})
 
 
 async def extract_voice(request: web.Request) -> web.Response:
