@@ -13,7 +13,7 @@ from .api_errors import FieldError
 from .app_keys import BACKEND, MODEL
 from .served_model import ServedModel
 from .speech import read_json
-from .speech_request import _reference, _text
+from .speech_request import reference_upload, text_field
 
 VOICE_FIELDS = ("reference_audio", "reference_text")
 
@@ -47,8 +47,8 @@ async def extract_voice(request: web.Request) -> web.Response:
     if body.get("reference_audio") is None:
         raise FieldError("reference_audio", "reference_audio is required: the reference recording, a WAV file in "
                                             "base64.")
-    waveform, rate = _reference(body["reference_audio"])
-    ref_text = _text(body, "reference_text")
+    waveform, rate = reference_upload(body["reference_audio"])
+    ref_text = text_field(body, "reference_text")
     voice = await request.app[BACKEND].extract_voice(waveform, rate, ref_text if ref_text and ref_text.strip()
                                                      else None)
     return web.json_response({"object": "voice", "model": model.id, "icl": voice.is_icl,

@@ -66,7 +66,7 @@ def _get(body: dict, name: str, default):
     return default if value is None else value
 
 
-def _text(body: dict, name: str, required: bool = False) -> str | None:
+def text_field(body: dict, name: str, required: bool = False) -> str | None:
     value = body.get(name)
     if value is None and required:
         raise FieldError(name, f"{name} is required.")
@@ -80,11 +80,11 @@ def parse(body, model: ServedModel) -> Speech:
         if name not in FIELDS:
             raise FieldError(name, f"unknown field '{name}'. The fields are: {', '.join(FIELDS)}.")
 
-    name = _text(body, "model")
+    name = text_field(body, "model")
     if name is not None and name != model.id:
         raise FieldError("model", f"this server serves model '{model.id}', not '{name}' (GET /v1/models lists it).",
                          status=404, code="model_not_found")
-    text = _text(body, "input", required=True)
+    text = text_field(body, "input", required=True)
     if not text.strip():
         raise FieldError("input", "input is empty; give the text to speak.")
 
@@ -110,11 +110,11 @@ def parse(body, model: ServedModel) -> Speech:
     last = TAKE_STREAMS - takes
     first_take = _checked("first_take", checks.whole_number, "first_take", _get(body, "first_take", 0), 0, last)
 
-    language = _text(body, "language") or "auto"
+    language = text_field(body, "language") or "auto"
     if language.strip().lower() not in [x.lower() for x in model.languages]:
         raise FieldError("language", f"unknown language '{language}'. Choose one of: "
                                      f"{', '.join(x.capitalize() for x in model.languages)}.")
-    instructions = _text(body, "instructions")
+    instructions = text_field(body, "instructions")
     if instructions is not None and model.mode == "clone":
         raise FieldError("instructions", "instructions do not apply to a Base checkpoint (voice cloning); leave "
                                          "the field out.")
@@ -147,7 +147,7 @@ def _response_format(body: dict, stream: bool) -> str:
 
 def _transport(body: dict, speech: Speech) -> None:
     """How the audio travels: its sample format and, for a stream, its chunking."""
-    sample_format = _text(body, "sample_format") or "s16"
+    sample_format = text_field(body, "sample_format") or "s16"
     if sample_format not in SAMPLE_FORMATS:
         raise FieldError("sample_format", f"sample_format '{sample_format}' is not served; use s16 (16-bit) or f32 "
                                           "(the engine's float samples).")
@@ -183,8 +183,8 @@ def _params(body: dict, model: ServedModel) -> SamplingParams:
 
 def _voice(body: dict, model: ServedModel, speech: Speech) -> None:
     """Fill in the voice: a preset speaker (CustomVoice), a saved voice or an uploaded reference (Base)."""
-    voice = _text(body, "voice")
-    upload, ref_text = body.get("reference_audio"), _text(body, "reference_text")
+    voice = text_field(body, "voice")
+    upload, ref_text = body.get("reference_audio"), text_field(body, "reference_text")
     if model.mode != "clone":
         for name in ("reference_audio", "reference_text", "voice_data"):
             if body.get(name) is not None:
@@ -208,7 +208,7 @@ def _voice(body: dict, model: ServedModel, speech: Speech) -> None:
         if voice:
             raise FieldError("voice", "give either voice (a saved voice) or reference_audio, not both; with the "
                                       "OpenAI client, which requires voice, pass voice=\"\".")
-        speech.reference = _reference(upload)
+        speech.reference = reference_upload(upload)
         speech.reference_text = ref_text if ref_text and ref_text.strip() else None
         return
     if ref_text is not None:
@@ -250,7 +250,7 @@ def _voice_data(data, model: ServedModel):
     return voice
 
 
-def _reference(upload) -> tuple:
+def reference_upload(upload) -> tuple:
     """An uploaded reference, base64 of a WAV file (other formats with soundfile), as (waveform [C, T], rate)."""
     from .. import audio
 
