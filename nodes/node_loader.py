@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from ..engine import checks
+from ..engine.serve.options import API_KEY_ENV  # the server's own variable for its key, read when api_key is empty
 from . import comfy_paths, engine_cache, paths
 from .comfy_api_compat import io
 from .common import MAX_TAKES, check_combo
@@ -17,7 +18,6 @@ NO_DOWNLOAD = "no (use checkpoint)"
 NONE_FOUND = "(no checkpoint found - see tooltip)"
 DOWNLOAD_OPTIONS = [NO_DOWNLOAD, *paths.OFFICIAL_REPOS]
 CODEC_AUTO = "auto (its own, else a sibling's)"
-API_KEY_ENV = "QWEN3TTS_API_KEY"  # the server's own variable for its key, read here when api_key is empty
 
 
 def _codec_options() -> list[str]:

@@ -15,6 +15,7 @@ import torch
 import comfy.model_management as mm
 import comfy.utils
 
+from ..engine.remote.config import RemoteConfig
 from . import engine_cache
 from .common import MAX_SEGMENT_CHARS, MIN_SEGMENT_CHARS, SEED_MAX
 from .audio_utils import make_audio, play_order, results_audio
@@ -71,8 +72,8 @@ class Job:
         checks = _checks()
         try:  # every check that needs no weights runs before the engine is (re)loaded, with the engine's checks
             changes = sampling_changes(**widgets)
-            where = ("The server's --max-takes is the most; start it with a larger one." if hasattr(ref.key, "url")
-                     else "Raise max_takes on LoadQwen3TTS.")
+            where = ("The server's --max-takes is the most; start it with a larger one."
+                     if isinstance(ref.key, RemoteConfig) else "Raise max_takes on LoadQwen3TTS.")
             checks.whole_number("takes", takes, 1, ref.key.max_takes, where)
             checks.whole_number("seed", seed, 0, SEED_MAX)
             check_take_range(first_take, takes)
