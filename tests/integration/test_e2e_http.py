@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.support._q3support import (
+    EXAMPLE_WORKFLOWS,
     PACK,
     load_script,
     read_audio,
@@ -23,7 +24,6 @@ client = load_script("comfy_client")
 ui_to_api = load_script("ui_to_api")
 FRAMES = client.TEST_MAX_NEW_TOKENS
 SPF = 1920
-WORKFLOWS = sorted(p.stem for p in (PACK / "example_workflows").glob("*.json"))
 EVENT = "qwen3tts_fast.stream"
 
 
@@ -87,7 +87,7 @@ def check_dialogue(entry, base, track_path):
         assert end == cues[-1][1] or np.all(x[end * 24:end * 24 + 300 * 24] == 0)  # silence after each line
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EXAMPLE_WORKFLOWS)
 def test_example_workflow_runs(server, name):
     wf = load_wf(name)
     entry = run(server, ui_to_api.convert(wf, server.object_info), wf)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.support._q3support import (
+    EXAMPLE_WORKFLOWS,
     PACK,
     free_port,
     load_script,
@@ -27,7 +28,6 @@ from tests.support._q3support import (
 pytestmark = [pytest.mark.engine]
 client = load_script("comfy_client")
 ui_to_api = load_script("ui_to_api")
-WORKFLOWS = sorted(p.stem for p in (PACK / "example_workflows").glob("*.json"))
 LOADER = "Qwen3TTSFast_LoadQwen3TTS"
 # The server's float audio travels exactly; the codec decodes the server's separate requests apart and ComfyUI's
 # batch together, which moves a sample by float rounding: at most one step of the files' 16-bit samples.
@@ -119,7 +119,7 @@ def _audio(c, entry) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EXAMPLE_WORKFLOWS)
 def test_an_example_workflow_on_a_server_equals_it_run_here(comfy, servers, name):
     local = _audio(comfy, _run(comfy, _prompt(comfy, name)))
     entry = _run(comfy, _prompt(comfy, name, servers))

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 PACK = Path(__file__).resolve().parents[2]
+EXAMPLE_WORKFLOWS = sorted(p.stem for p in (PACK / "example_workflows").glob("*.json"))  # their names
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR", "")
 SCRIPTS = PACK / "scripts"
 ARTIFACTS = PACK / "tests" / "artifacts"
