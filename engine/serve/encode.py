@@ -34,9 +34,11 @@ def encode(fmt: str, samples) -> bytes:
     raise ValueError(f"no audio encoder for {fmt!r}")
 
 
-def takes_json(model_id: str, seed: int, first_take: int, takes: list) -> dict:
-    """response_format json: every take as base64 WAV, labelled with its take index of the seed."""
-    return {"object": "audio.speech", "model": model_id, "sample_rate": SAMPLE_RATE, "format": "wav", "seed": seed,
+def takes_json(model_id: str, seed: int, first_take: int, takes: list, fmt: str = "wav", pack=None) -> dict:
+    """response_format json: every take as base64 of `pack(samples)` (default: a 16-bit WAV file; `fmt` names
+    it), labelled with its take index of the seed."""
+    pack = pack or (lambda t: audio.wav_bytes(t, SAMPLE_RATE))
+    return {"object": "audio.speech", "model": model_id, "sample_rate": SAMPLE_RATE, "format": fmt, "seed": seed,
             "takes": [{"take": first_take + i, "duration_s": round(int(np.asarray(t).shape[-1]) / SAMPLE_RATE, 4),
-                       "audio": base64.b64encode(audio.wav_bytes(t, SAMPLE_RATE)).decode("ascii")}
+                       "audio": base64.b64encode(pack(t)).decode("ascii")}
                       for i, t in enumerate(takes)]}

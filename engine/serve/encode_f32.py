@@ -20,11 +20,9 @@ def f32_bytes(samples) -> bytes:
 def takes_json(model_id: str, seed: int, first_take: int, takes: list, sample_format: str = "s16",
                codes: list | None = None) -> dict:
     """response_format json: every take as base64 WAV (s16) or base64 raw f32le with its codes (f32)."""
-    body = encode.takes_json(model_id, seed, first_take, takes if sample_format == "s16" else [])
-    if sample_format == "f32":
-        body["format"] = "f32le"
-        body["takes"] = [{"take": first_take + i, "duration_s": round(int(np.asarray(t).shape[-1]) / SAMPLE_RATE, 4),
-                          "audio": base64.b64encode(f32_bytes(t)).decode("ascii")} for i, t in enumerate(takes)]
-        for take, frames in zip(body["takes"], codes or []):
-            take["codes"] = base64.b64encode(np.asarray(frames, dtype="<i2").tobytes()).decode("ascii")
+    if sample_format == "s16":
+        return encode.takes_json(model_id, seed, first_take, takes)
+    body = encode.takes_json(model_id, seed, first_take, takes, fmt="f32le", pack=f32_bytes)
+    for take, frames in zip(body["takes"], codes or []):
+        take["codes"] = base64.b64encode(np.asarray(frames, dtype="<i2").tobytes()).decode("ascii")
     return body
