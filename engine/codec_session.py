@@ -183,9 +183,7 @@ class CodecSession:
         self.decoder.check_codes(ref.t()[None])
         if self.graphs is not None:
             return self.graphs.one_row_prefix(ref)
-        state = self._private_state(1)
-        self.decoder(ref.to(self._device()).t()[None], state, check=False)
-        return state.buffers()
+        return self.decoder.state_after(ref).buffers()
 
     def _slots_state(self, span: int):
         """The state of the bucket for `span` held slots; the rows move over when the bucket changes."""

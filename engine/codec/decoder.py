@@ -80,6 +80,12 @@ class CodecDecoder(nn.Module):
                 "control tokens (>= 2048) must be removed before decoding."
             )
 
+    def state_after(self, ref_codes: torch.Tensor) -> DecodeState:
+        """A one-row state after ICL reference codes [R, Q] (left context, never emitted), its buffers allocated."""
+        state = DecodeState()
+        self(ref_codes.t()[None].to(next(self.parameters()).device), state, check=False)
+        return state
+
     def forward(self, codes: torch.Tensor, state: DecodeState | None = None, check: bool = True) -> torch.Tensor:
         """Decode codes [B, Q, T]. With `state`, this call continues the previous chunk exactly."""
         if check:

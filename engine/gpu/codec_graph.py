@@ -284,9 +284,7 @@ class CodecGraphs:
         key = (1, tuple(ref_codes.shape), digest)
         saved = self.prefixes.get(key)
         if saved is None:
-            state = DecodeState()
-            self.decoder(ref_codes.t()[None].to(self._device()), state, check=False)
-            saved = self.prefixes[key] = state.buffers()
+            saved = self.prefixes[key] = self.decoder.state_after(ref_codes).buffers()
             if len(self.prefixes) > PREFIXES_KEPT:
                 self.prefixes.popitem(last=False)
         else:
