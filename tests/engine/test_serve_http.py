@@ -6,14 +6,13 @@ import base64
 import io
 import json
 import sys
-import wave
 
 import numpy as np
 import pytest
 
 from engine.config import SAMPLE_RATE
 from engine.serve.speech_request import SAMPLING_FIELDS
-from tests.support.serve_thread import ServerThread
+from tests.support.serve_thread import ServerThread, wav_samples
 
 FRAME = 1920  # samples per codec frame at 24 kHz
 KEY = "test-key-0123"
@@ -60,12 +59,6 @@ def design(tiny_checkpoints):
     server.stop()
 
 
-def _samples_of_wav(data: bytes) -> np.ndarray:
-    with wave.open(io.BytesIO(data)) as w:
-        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (SAMPLE_RATE, 1, 2)
-        return np.frombuffer(w.readframes(w.getnframes()), "<i2")
-
-
 def _ok(server, **fields) -> tuple[dict, bytes]:
     status, headers, data = server.speech(**fields)
     assert status == 200, data[:500]
@@ -91,7 +84,7 @@ def test_health_models_and_voices(custom):
 def test_every_response_format_holds_the_same_audio(custom):
     wav_headers, wav = _ok(custom, **LINE)
     assert wav_headers["content-type"] == "audio/wav"
-    samples = _samples_of_wav(wav)
+    samples = wav_samples(wav)
     assert samples.shape == (6 * FRAME,) and np.abs(samples).max() > 0
 
     pcm_headers, pcm = _ok(custom, **LINE, response_format="pcm")
@@ -122,13 +115,13 @@ def test_the_audio_is_the_engines_for_that_seed(custom):
     server streams, generate decodes whole: the codec's pieces round a little differently)."""
     from engine import Request
 
-    samples = _samples_of_wav(_ok(custom, **LINE, temperature=0.8)[1]).astype(np.float64) / 32768
+    samples = wav_samples(_ok(custom, **LINE, temperature=0.8)[1]).astype(np.float64) / 32768
     params = custom.engine.defaults.capped(6).replace(temperature=0.8)
     ref = custom.engine.generate(Request(mode="custom", text=LINE["input"], speaker="ryan"), seed=3, params=params)
     ref = ref.audio[0, : ref.lengths[0]].double().numpy()
     assert samples.shape == ref.shape and np.abs(samples - ref).max() < 1e-3
-    other = _samples_of_wav(_ok(custom, **{**LINE, "seed": 4})[1])
-    assert not np.array_equal(other, _samples_of_wav(_ok(custom, **LINE)[1]))
+    other = wav_samples(_ok(custom, **{**LINE, "seed": 4})[1])
+    assert not np.array_equal(other, wav_samples(_ok(custom, **LINE)[1]))
 
 
 def test_takes_come_as_json_and_first_take_picks_one(custom):
@@ -137,8 +130,8 @@ def test_takes_come_as_json_and_first_take_picks_one(custom):
     assert [t["take"] for t in takes] == [0, 1] and takes[0]["audio"] != takes[1]["audio"]
     assert all(t["duration_s"] == 6 * FRAME / SAMPLE_RATE for t in takes)
     # Take 1 alone is take 1 of the pair: the same codes, so the same audio to the rounding of the codec's batch.
-    alone = _samples_of_wav(_ok(custom, **LINE, first_take=1)[1]).astype(int)
-    pair = [_samples_of_wav(base64.b64decode(t["audio"])).astype(int) for t in takes]
+    alone = wav_samples(_ok(custom, **LINE, first_take=1)[1]).astype(int)
+    pair = [wav_samples(base64.b64decode(t["audio"])).astype(int) for t in takes]
     assert np.abs(alone - pair[1]).max() <= 2 < np.abs(alone - pair[0]).max()
 
 
@@ -247,8 +240,8 @@ def test_a_body_over_the_limit_gets_413(design):
 
 def test_design_follows_its_instructions(design):
     line = {"input": "Designed voice.", "max_new_tokens": 5, "voice": "any"}  # voice is ignored by VoiceDesign
-    calm = _samples_of_wav(_ok(design, **line, instructions="A calm, low voice.")[1])
-    bright = _samples_of_wav(_ok(design, **line, instructions="A bright, fast voice.")[1])
+    calm = wav_samples(_ok(design, **line, instructions="A calm, low voice.")[1])
+    bright = wav_samples(_ok(design, **line, instructions="A bright, fast voice.")[1])
     assert calm.shape == bright.shape == (5 * FRAME,) and not np.array_equal(calm, bright)
 
 
@@ -259,7 +252,7 @@ def test_clone_from_an_upload_equals_the_saved_voice(base):
     as_data_url = _ok(base, **line, reference_audio="data:audio/wav;base64," + upload,
                       reference_text="A short reference.")[1]
     saved = _ok(base, **line, voice="calm")[1]
-    assert _samples_of_wav(uploaded).shape == (5 * FRAME,) and uploaded == saved == as_data_url
+    assert wav_samples(uploaded).shape == (5 * FRAME,) and uploaded == saved == as_data_url
     x_vector_only = _ok(base, **line, reference_audio=upload)[1]
     assert x_vector_only != uploaded  # without its transcript the voice clones from the embedding alone
     assert base.json("GET", "/v1/audio/voices") == (200, {"model": "base", "speakers": [], "saved_voices": ["calm"],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import io
 import json
 import os
 import re
@@ -14,13 +13,12 @@ import subprocess
 import sys
 import threading
 import time
-import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.support.serve_thread import ServerThread
+from tests.support.serve_thread import ServerThread, wav_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 FRAME_BYTES = 1920 * 2
@@ -97,11 +95,7 @@ def _takes_pcm(fields: dict, body: bytes) -> list:
     """Each take's 16-bit samples of a response (PCM or a stream: the body; json: each take's WAV)."""
     if fields.get("response_format") != "json":
         return [np.frombuffer(body, "<i2").astype(int)]
-    out = []
-    for take in json.loads(body)["takes"]:
-        with wave.open(io.BytesIO(base64.b64decode(take["audio"]))) as w:
-            out.append(np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(int))
-    return out
+    return [wav_samples(base64.b64decode(take["audio"])).astype(int) for take in json.loads(body)["takes"]]
 
 
 def _as_if_alone(server, fields: dict, body: bytes) -> None:

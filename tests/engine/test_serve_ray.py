@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import base64
 import http.client
-import io
 import json
 import sys
 import time
-import wave
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from tests.support._q3support import need
-from tests.support.serve_thread import ServerThread
+from tests.support.serve_thread import ServerThread, wav_samples
 
 LOAD = {"device": "cpu", "dtype": "fp32", "cuda_graphs": "auto", "triton": "auto", "codec_dir": None}
 LINE = {"input": "Many engines speak.", "voice": "ryan", "max_new_tokens": 6}
@@ -108,11 +106,6 @@ def test_health_lists_both_replicas_and_the_usual_keys(custom):
     assert facts["max_rows"] == 2 * local_facts["max_rows"]  # both replicas' rows
 
 
-def _samples(wav: bytes) -> np.ndarray:
-    with wave.open(io.BytesIO(wav)) as w:
-        return np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(int)
-
-
 def test_concurrent_requests_use_both_replicas_and_equal_the_local_engine(custom):
     remote, local = custom
     before = sum(r["served"] for r in _each(remote))
@@ -123,8 +116,9 @@ def test_concurrent_requests_use_both_replicas_and_equal_the_local_engine(custom
     assert sum(r["served"] for r in each) - before == len(seeds)
     assert all(r["served"] > 0 for r in each), each  # the router spread the requests
     for seed, answer in zip(seeds, answers):  # the same codes: the samples to one 16-bit step (the codec's batch)
-        alone = _samples(_ok(local, **{**LINE, "max_new_tokens": 12}, seed=seed))
-        assert alone.shape == _samples(answer).shape and np.abs(_samples(answer) - alone).max() <= 1, f"seed {seed}"
+        alone = wav_samples(_ok(local, **{**LINE, "max_new_tokens": 12}, seed=seed)).astype(int)
+        got = wav_samples(answer).astype(int)
+        assert alone.shape == got.shape and np.abs(got - alone).max() <= 1, f"seed {seed}"
     assert len(set(answers)) == len(seeds)  # the seeds mattered
 
 

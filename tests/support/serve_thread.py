@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import io
 import json
 import threading
+import wave
 from pathlib import Path
+
+import numpy as np
+
+
+def wav_samples(data: bytes) -> np.ndarray:
+    """The 16-bit samples of a mono 24 kHz WAV answer (int16; checked to be such a file)."""
+    from engine.config import SAMPLE_RATE
+
+    with wave.open(io.BytesIO(data)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (SAMPLE_RATE, 1, 2)
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2")
 
 
 class ServerThread:
