@@ -11,8 +11,8 @@ Rows share one decode state when they can: every row in a slot from the first fr
 ICL reference (or none), decodes as one batch ("together": takes of a line, the nodes' usual case).
 Rows that join later or have several voices stream "slotted": the rows of a state belong to different
 utterances, each at its own position (a row starts fresh, or from the one-row state after its reference),
-and each chunk decodes every slot up to the highest one held as one batch, in the smallest captured bucket
-that holds them (a loop fills its lowest free slots: a lone row decodes alone). Whole-utterance
+and each chunk decodes every slot up to the highest one held as one batch, on the smallest view of the
+state's first rows that holds them (a loop fills its lowest free slots: a lone row decodes alone). Whole-utterance
 calls with such rows give each row a state of its own; with graphs the rows take turns on the one-row
 bucket's captured state.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .config import SAMPLES_PER_FRAME
-from .gpu.buckets import bucket_for
+from .gpu.buckets import batch_bucket
 
 # Frames a whole-utterance decode gathers per piece: the piece left after the last frame is then at most
 # this long, and the frames lose no time to pieces this size (docs/PERFORMANCE_NOTES.md, codec overlap).
@@ -150,31 +150,25 @@ class CodecSession:
     # -- slotted states ------------------------------------------------------------------------------
 
     def _open_slots(self, slots: int) -> None:
-        """The states of every bucket a run of up to `slots` held slots decodes in (the graphs' shared ones where
-        this session can hold them, else private ones)."""
-        graphs = self.graphs
-        captured = {b for b, _ in graphs.graphs} if graphs is not None else set()
-        warm = graphs.warm_buckets if graphs is not None else ()
-        self.bucket_of_span = [0] + [bucket_for(n, captured, warm) for n in range(1, slots + 1)]
-        self.slot_states = {}  # bucket -> its state; a private one is made when the bucket is first needed
-        self.template = None  # a fresh one-row state, the shape of every private one
-        for bucket in sorted(set(self.bucket_of_span[1:])) if graphs is not None else ():
-            state = graphs.acquire(bucket, self)
-            if state is not None and graphs.bucket_holding(state) == bucket:
-                self.slot_states[bucket] = state
-        self.slot_bucket = None  # the bucket the held rows' states are in now
+        """The state every slot lives in, from its first frame to its end: the graphs' shared state of the slots'
+        bucket where this session can hold it (with piece graphs for the views of its first 1, 2, 4, ... rows),
+        else a private one, made at the first chunk."""
+        self.slots = slots
+        self.root = self.graphs.acquire(slots, self, views=True) if self.graphs is not None else None
+        self.root_rows = self.graphs.bucket_holding(self.root) if self.root is not None else slots
         self.started: set = set()  # rows whose utterance has begun in a slot
 
-    def _private_state(self, batch: int):
-        """A fresh state of `batch` rows with every buffer allocated (the first one by decoding a zero frame)."""
-        from .codec.decoder import DecodeState
+    def _root_state(self):
+        """The slots' state; a private one is zeros shaped like a one-row state that decoded a frame (one row's
+        decode allocates every buffer, a whole-width one would cost a frame of every slot)."""
+        if self.root is None:
+            from .codec.decoder import DecodeState
 
-        if self.template is None:
-            state = DecodeState()
+            one = DecodeState()
             codes = torch.zeros(1, self.decoder.cfg.num_quantizers, 1, dtype=torch.long, device=self._device())
-            self.decoder(codes, state, check=False)
-            self.template = state.zero_()
-        return self.template.widened(batch)
+            self.decoder(codes, one, check=False)
+            self.root = one.widened(self.root_rows)
+        return self.root
 
     def _one_row_start(self, ref):
         """The one-row state after ICL reference codes `ref` [R, Q] (None: a fresh start)."""
@@ -185,29 +179,28 @@ class CodecSession:
             return self.graphs.one_row_prefix(ref)
         return self.decoder.state_after(ref).buffers()
 
-    def _slots_state(self, span: int):
-        """The state of the bucket for `span` held slots; the rows move over when the bucket changes."""
-        bucket = self.bucket_of_span[span]
-        state = self.slot_states.get(bucket)
-        if state is None:
-            state = self.slot_states[bucket] = self._private_state(bucket)
-        if self.slot_bucket is not None and self.slot_bucket != bucket:
-            state.copy_rows(self.slot_states[self.slot_bucket], min(bucket, self.slot_bucket))
-        self.slot_bucket = bucket
-        return bucket, state
+    def _rows_state(self, span: int):
+        """The view a chunk whose held slots end at `span` decodes on: with graphs, the smallest captured view
+        that holds them; else exactly `span` rows."""
+        root = self._root_state()
+        if self.graphs is not None and self.graphs.bucket_holding(root) is not None:
+            rows = batch_bucket(span)
+            return rows, self.graphs.view(self.root_rows, rows)
+        return span, root if span == self.root_rows else root.first_rows(span)
 
     def _push_slots(self, chunk) -> list:
         held = [(slot, r) for slot, r in enumerate(chunk.rows) if r >= 0]
         if not held:
             return []
-        bucket, state = self._slots_state(held[-1][0] + 1)
+        root = self._root_state()
         for slot, r in held:
             if r not in self.started:
-                state.start_row(slot, self._one_row_start(self.refs[r]))
+                root.start_row(slot, self._one_row_start(self.refs[r]))
                 self.started.add(r)
-        codes = chunk.codes[:bucket].masked_fill(~chunk.valid[:bucket, :, None], 0).transpose(1, 2)
-        if codes.shape[0] < bucket:  # a bucket above the loop's slots: zero rows
-            codes = torch.cat([codes, codes.new_zeros(bucket - codes.shape[0], *codes.shape[1:])])
+        rows, state = self._rows_state(held[-1][0] + 1)
+        codes = chunk.codes[:rows].masked_fill(~chunk.valid[:rows, :, None], 0).transpose(1, 2)
+        if codes.shape[0] < rows:  # a view wider than the loop's slots: zero rows
+            codes = torch.cat([codes, codes.new_zeros(rows - codes.shape[0], *codes.shape[1:])])
         if self.graphs is not None:
             wav = self.graphs.decode(codes, state)
         else:
@@ -320,8 +313,7 @@ class CodecSession:
         if self.graphs is not None:
             self.graphs.release_owner(self)
         self.groups.clear()
-        self.current = self.bucket_state = None
-        self.slot_states = {}
+        self.current = self.bucket_state = self.root = None
 
     def _device(self):
         return next(self.decoder.parameters()).device

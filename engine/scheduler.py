@@ -16,6 +16,7 @@ stream() calls still run (and the scheduler waits for them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 import time
@@ -61,8 +62,22 @@ class Scheduler:
         self._boundary = 0  # chunk boundaries the loop has passed (Ticket.admitted_at counts in these)
         self._closed = False
         self._source = _OpenRows(self)
+        self._precapture()
         self._thread = threading.Thread(target=self._run, name="qwen3tts-scheduler", daemon=True)
         self._thread.start()
+
+    def _precapture(self) -> None:
+        """The codec graphs this loop decodes its rows with, captured now (holding the engine) rather than
+        before the first request's first frame."""
+        if self.engine.codec_graphs is None:
+            return
+        hold = self.engine._lock.acquire("Scheduler", self.engine.busy_timeout_s)
+        try:
+            on_gpu = self.engine.device.type == "cuda"  # this thread's current device may be another GPU
+            with torch.inference_mode(), torch.cuda.device(self.engine.device) if on_gpu else contextlib.nullcontext():
+                self.engine.codec_graphs.precapture_slots(self.slots)
+        finally:
+            self.engine._lock.release(hold)
 
     # -- the callers' side --------------------------------------------------------------------------
 

@@ -92,13 +92,15 @@ class DecodeState:
         out.frames = self.frames.new_zeros(batch) if self.frames is not None else None
         return out
 
-    @torch.inference_mode()
-    def copy_rows(self, other: DecodeState, rows: int) -> None:
-        """Take the first `rows` rows of `other` (a state of the same decoder, another batch size)."""
-        mine, theirs = self.buffers(), other.buffers()
-        if len(mine) != len(theirs):
-            raise ValueError("the two states do not hold the same buffers")
-        torch._foreach_copy_([t[:rows] for t in mine], [t[:rows] for t in theirs])
+    def first_rows(self, rows: int) -> DecodeState:
+        """A view of this state's first `rows` rows: each buffer of the view is a slice of this state's (the row
+        is the first dimension, so each slice is contiguous). Decoding on the view advances those rows here, and
+        a CUDA graph captured over the view reads and writes this state's buffers."""
+        out = DecodeState()
+        out.tails = {m: t[:rows] for m, t in self.tails.items()}
+        out.kv = {m: (k[:rows], v[:rows]) for m, (k, v) in self.kv.items()}
+        out.frames = self.frames[:rows] if self.frames is not None else None
+        return out
 
 
 def causal_window(module: nn.Module, x: torch.Tensor, keep: int, state: DecodeState | None, act: SnakeBeta | None = None,

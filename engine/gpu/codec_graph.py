@@ -12,6 +12,10 @@ bucket has one shared state, one stream at a time may use it: `acquire` hands it
 (engine/codec_session.py) while no other owner holds it; a second, concurrent owner gets None and decodes eagerly on a
 private state (still exact, just not graphed).
 
+A slotted stream (engine/codec_session.py) decodes the rows it holds on a view of the first 1, 2, 4, ... rows of
+its bucket's state (DecodeState.first_rows): each view has piece graphs of its own over the same buffers, so two
+rows held in a 64-row state cost a two-row decode, and rows never move between states.
+
 The ICL reference prefix is decoded once per (voice, bucket): the state after it is kept (a few MB) and
 put back for the next request with the same reference codes, so no request re-decodes them.
 """
@@ -27,7 +31,7 @@ from collections import OrderedDict
 import torch
 
 from ..codec.decoder import CodecDecoder, DecodeState
-from .buckets import bucket_for
+from .buckets import BATCH_BUCKETS, bucket_for
 from .capture import capture as capture_graph
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,8 @@ class CodecGraphs:
         self.capture_enabled = capture  # False: same bookkeeping, every piece eager (CPU tests)
         self.states: dict[int, DecodeState] = {}
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.views: dict[tuple[int, int], DecodeState] = {}  # (bucket, rows) -> the view of its state's first rows
+        self.view_graphs: dict[tuple[int, int, int], tuple] = {}  # (bucket, rows, frames) -> as in graphs
         self.prefixes: OrderedDict = OrderedDict()  # (bucket, reference key) -> state snapshot
         self._owners: dict[int, weakref.ref] = {}
         self.pools: dict[int, tuple] = {}  # a graph pool per bucket: the load captures its buckets side by side
@@ -81,11 +87,13 @@ class CodecGraphs:
 
     @property
     def captures(self) -> int:
-        """Successful captures: one per (bucket, piece), a replayed piece never counts twice."""
-        return len(self.graphs)
+        """Successful captures: one per (bucket, piece) and per (bucket, view, piece); a replayed piece never
+        counts twice."""
+        return len(self.graphs) + len(self.view_graphs)
 
     def stats(self) -> dict:
-        return {"captured": sorted(self.graphs), "captures": self.captures, "capture_s": self.capture_seconds,
+        return {"captured": sorted(self.graphs), "views": sorted({k[:2] for k in self.view_graphs}),
+                "captures": self.captures, "capture_s": self.capture_seconds,
                 "late_captures": self.late_captures, "replays": self.replays, "eager_pieces": self.eager_pieces,
                 "prefix_hits": self.prefix_hits, "prefixes": len(self.prefixes),
                 "private_streams": self.private_streams, "failure": self.failure}
@@ -93,6 +101,8 @@ class CodecGraphs:
     def release(self) -> None:
         self.settle()
         self.graphs.clear()
+        self.view_graphs.clear()
+        self.views.clear()
         self.states.clear()
         self.prefixes.clear()
         self._owners.clear()
@@ -112,8 +122,19 @@ class CodecGraphs:
             self.states[bucket] = state.zero_()
         return self.states[bucket]
 
-    def acquire(self, batch: int, owner) -> DecodeState | None:
-        """The shared state of batch's bucket for `owner`, or None while another live owner holds it."""
+    def view(self, bucket: int, rows: int) -> DecodeState:
+        """The first `rows` rows of `bucket`'s shared state (the state itself for rows == bucket)."""
+        if rows == bucket:
+            return self.state(bucket)
+        key = (bucket, rows)
+        if key not in self.views:
+            self.views[key] = self.state(bucket).first_rows(rows)
+        return self.views[key]
+
+    def acquire(self, batch: int, owner, views: bool = False) -> DecodeState | None:
+        """The shared state of batch's bucket for `owner`, or None while another live owner holds it. views: the
+        owner will decode on views of the state's first rows (a slotted stream), so their pieces are captured
+        here too."""
         self.settle()
         bucket = bucket_for(batch, {b for b, _ in self.graphs}, self.warm_buckets)
         ref = self._owners.get(bucket)
@@ -124,7 +145,7 @@ class CodecGraphs:
             return None
         # Every user of a bucket's state comes here before its request's first frame (or after its loop), so a
         # new row count's pieces are captured here, once, and never while frames run.
-        self.precapture([bucket])
+        self.precapture([bucket], views=views)
         state = self.state(bucket)
         self._owners[bucket] = weakref.ref(owner)  # freed with the owner (e.g. an exhausted Engine.stream)
         return state
@@ -135,10 +156,27 @@ class CodecGraphs:
             if ref() is owner:
                 del self._owners[bucket]
 
+    def precapture_slots(self, slots: int) -> None:
+        """Capture what a slotted stream of `slots` slots decodes on (its bucket and the views of its first rows),
+        as acquire(slots, owner, views=True) would before that stream's first frame (a scheduler calls this when
+        it starts, so its first request pays no capture)."""
+        self.settle()
+        self.precapture([bucket_for(slots, {b for b, _ in self.graphs}, self.warm_buckets)], views=True)
+
     def bucket_holding(self, state: DecodeState) -> int | None:
         for bucket, shared in self.states.items():
             if shared is state:
                 return bucket
+        return None
+
+    def _place(self, state: DecodeState) -> tuple[int, int] | None:
+        """(bucket, rows) of a shared state or of a view of one; None for any other state."""
+        bucket = self.bucket_holding(state)
+        if bucket is not None:
+            return bucket, bucket
+        for key, view in self.views.items():
+            if view is state:
+                return key
         return None
 
     # -- capture -------------------------------------------------------------------------------
@@ -160,26 +198,35 @@ class CodecGraphs:
         beside.join()
 
     @torch.inference_mode()
-    def precapture(self, buckets) -> None:
-        """Capture every piece for each bucket (at load: a request never pays a capture)."""
+    def precapture(self, buckets, views: bool = False) -> None:
+        """Capture every piece for each bucket (at load: a request never pays a capture); views: also for the
+        views of the first 1, 2, 4, ... rows of the largest bucket's state."""
         self.settle()
         for bucket in buckets:
             for size in PIECES:
                 self.capture(bucket, size)
+        if views and buckets:
+            top = max(buckets)
+            for rows in (b for b in BATCH_BUCKETS if b < top):
+                for size in PIECES:
+                    self.capture(top, size, rows)
 
     @torch.inference_mode()
-    def capture(self, bucket: int, frames: int) -> bool:
-        """Capture the graph for (bucket, frames) unless it exists; False if capture is off or failed."""
-        key = (bucket, frames)
-        if key in self.graphs:
+    def capture(self, bucket: int, frames: int, rows: int | None = None) -> bool:
+        """Capture the graph for (bucket, frames), or for the view of `bucket`'s first `rows` rows, unless it
+        exists; False if capture is off or failed."""
+        rows = bucket if rows is None else rows
+        table, key = (self.graphs, (bucket, frames)) if rows == bucket else (self.view_graphs, (bucket, rows, frames))
+        if key in table:
             return True
         if not self.capture_enabled or self.failure is not None:
             return False
         t0 = time.perf_counter()
-        state = self.state(bucket)
-        saved = state.snapshot()
-        codes = torch.zeros(bucket, self.decoder.cfg.num_quantizers, frames, dtype=torch.long,
-                            device=state.frames.device)
+        root = self.state(bucket)
+        state = self.view(bucket, rows)
+        saved = root.snapshot()
+        codes = torch.zeros(rows, self.decoder.cfg.num_quantizers, frames, dtype=torch.long,
+                            device=root.frames.device)
         try:
             with self._lock:
                 if bucket not in self.pools:
@@ -188,13 +235,13 @@ class CodecGraphs:
             graph, wav = capture_graph(lambda: self.decoder(codes, state, check=False), pool)
         except Exception as exc:  # noqa: BLE001  any failure: say so once, then decode eagerly
             self.failure = f"{type(exc).__name__}: {exc}"
-            log.warning("codec CUDA graph capture failed (%d rows, %d-frame pieces: %s); decoding eagerly",
-                        bucket, frames, self.failure)
+            log.warning("codec CUDA graph capture failed (%d of %d rows, %d-frame pieces: %s); decoding eagerly",
+                        rows, bucket, frames, self.failure)
             return False
         finally:
-            state.restore(saved)  # the warm-up decodes must not advance the real state
+            root.restore(saved)  # the warm-up decodes must not advance the real state
         with self._lock:
-            self.graphs[key] = (graph, codes, wav)
+            table[key] = (graph, codes, wav)
             self.capture_seconds += time.perf_counter() - t0
         return True
 
@@ -211,32 +258,35 @@ class CodecGraphs:
         end, and its owner zeroes or primes it before the next utterance (acquire's callers all do).
         """
         batch, frames = codes.shape[0], codes.shape[-1]
-        bucket = self.bucket_holding(state)
-        if bucket is None:
+        place = self._place(state)
+        if place is None:
             self.eager_pieces += 1
             return self.decoder(codes, state, check=False)
-        if bucket > batch:  # zero rows: the codec's rows are independent, so they change nothing
-            codes = torch.cat([codes, codes.new_zeros(bucket - batch, *codes.shape[1:])])
+        bucket, rows = place
+        if rows > batch:  # zero rows: the codec's rows are independent, so they change nothing
+            codes = torch.cat([codes, codes.new_zeros(rows - batch, *codes.shape[1:])])
         spf = self.decoder.samples_per_frame
         out = None
         start = 0
         for size in final_pieces(frames) if final else pieces(frames):
             real = min(size, frames - start)  # < size only for the padded last piece of a final decode
-            wav = self._piece(bucket, size, codes[..., start: start + real], state)
+            wav = self._piece(bucket, rows, size, codes[..., start: start + real], state)
             if out is None:
                 out = wav.new_empty(batch, frames * spf)
             out[:, start * spf: (start + real) * spf].copy_(wav[:batch, : real * spf])
             start += real
         return out
 
-    def _piece(self, bucket: int, size: int, codes: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Decode a `size`-frame piece; codes may hold fewer frames (the rest are zero frames)."""
-        if (bucket, size) not in self.graphs and self.capture_enabled and self.failure is None:
+    def _piece(self, bucket: int, rows: int, size: int, codes: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Decode a `size`-frame piece on `rows` rows of `bucket`'s state; codes may hold fewer frames (the rest
+        are zero frames)."""
+        table, key = (self.graphs, (bucket, size)) if rows == bucket else (self.view_graphs, (bucket, rows, size))
+        if key not in table and self.capture_enabled and self.failure is None:
             self.late_captures += 1
-            log.info("codec graphs: capturing %d-frame pieces for %d rows during a request", size, bucket)
-            self.capture(bucket, size)
+            log.info("codec graphs: capturing %d-frame pieces for %d of %d rows during a request", size, rows, bucket)
+            self.capture(bucket, size, rows)
         real = codes.shape[-1]
-        entry = self.graphs.get((bucket, size))
+        entry = table.get(key)
         if entry is None:
             self.eager_pieces += 1
             if real < size:

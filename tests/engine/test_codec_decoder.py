@@ -253,30 +253,29 @@ def test_batch_rows_are_independent(small_window):
 def test_rows_of_one_state_at_their_own_positions(small_window):
     """Slotted decoding: the rows of one state belong to different utterances that started at different
     chunks (start_row gives a row a fresh start, or the one-row state after a reference), each equal to its
-    utterance decoded alone; copy_rows carries rows to a state of another batch size."""
+    utterance decoded alone; a view of the state's first rows (first_rows) decodes those rows alone and advances
+    them in the state."""
     a, b, ref = _codes(1, 21, seed=40), _codes(1, 9, seed=41), _codes(1, 7, seed=42)
     with torch.inference_mode():
         primed = DecodeState()
         small_window.decoder(ref.transpose(1, 2), primed, check=False)
         state = DecodeState()
-        small_window.decoder(torch.zeros(2, 16, 1, dtype=torch.long), state, check=False)  # allocates [2, ...]
+        small_window.decoder(torch.zeros(4, 16, 1, dtype=torch.long), state, check=False)  # allocates [4, ...]
         state.start_row(0, None)
+        one, two = state.first_rows(1), state.first_rows(2)
         out_a, out_b = [], []
-        for start in range(0, 12, 4):  # row 0 alone (row 1 idle) for 12 frames
-            out_a.append(small_window.decoder(torch.cat([a[:, start: start + 4], b[:, :4]]).transpose(1, 2),
-                                              state, check=False)[0])
+        for start in range(0, 12, 4):  # row 0 alone for 12 frames, on the one-row view
+            out_a.append(small_window.decoder(a[:, start: start + 4].transpose(1, 2), one, check=False)[0])
+        assert state.frames.tolist() == [12, 1, 1, 1]  # the view advanced row 0 of the state, and no other
         state.start_row(1, primed.snapshot())  # row 1 begins after the reference, row 0 goes on
         for start in range(0, 8, 4):
             wav = small_window.decoder(torch.cat([a[:, 12 + start: 16 + start], b[:, start: start + 4]])
-                                       .transpose(1, 2), state, check=False)
+                                       .transpose(1, 2), two, check=False)
             out_a.append(wav[0])
             out_b.append(wav[1])
-        assert state.frames.tolist() == [20, 7 + 8]
-        wide = DecodeState()
-        small_window.decoder(torch.zeros(4, 16, 1, dtype=torch.long), wide, check=False)
-        wide.copy_rows(state, 2)  # the two rows go on in a four-row state
-        wav = small_window.decoder(torch.cat([a[:, 20:], b[:, 8:], b[:, :1], b[:, :1]]).transpose(1, 2), wide,
-                                   check=False)
+        assert state.frames.tolist() == [20, 7 + 8, 1, 1]
+        wav = small_window.decoder(torch.cat([a[:, 20:], b[:, 8:], b[:, :1], b[:, :1]]).transpose(1, 2), state,
+                                   check=False)  # the two rows go on in the whole four-row state
         out_a.append(wav[0])
         out_b.append(wav[1])
     assert (torch.cat(out_a) - small_window.decode(a)[0]).abs().max().item() <= TOL

@@ -135,10 +135,13 @@ def _chunks(codes: list, joins: list, sizes: list):
     return out
 
 
-def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base):
+@pytest.mark.parametrize("graphs", [False, True])
+def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base, graphs):
     """A stream's rows that join one by one (a server's) decode slotted: one codec call per chunk for every row
-    held, whatever their positions; a slot freed by a row that ended starts the next row's utterance afresh (here
-    after an ICL reference), and each row equals its own one-pass decode."""
+    held, whatever their positions, on a view of the state's first rows; a slot freed by a row that ended starts
+    the next row's utterance afresh (here after an ICL reference), and each row equals its own one-pass decode.
+    With graphs (run uncaptured here) the state is the shared one of a four-row bucket, wider than the two slots,
+    and the views are its first one and two rows."""
     codec = base.codec
     gen = torch.Generator().manual_seed(3)
     codes = [torch.randint(0, 2048, (n, 16), generator=gen) for n in (5, 14, 9)]
@@ -161,7 +164,11 @@ def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base
                 ended.append(r)
         chunks.append(FrameChunk(chunk_codes, valid, 0, step == len(sizes) - 1, tuple(rows), tuple(ended)))
     assert pos == [c.shape[0] for c in codes] and chunks[2].rows == (2, 1)  # slot 0 reused by row 2
-    session = CodecSession(codec.decoder, None, refs, together=False, stream=True, slots=2)
+    cg = None
+    if graphs:
+        cg = CodecGraphs(codec.decoder, capture=False)
+        cg.warm_buckets = (1, 4)  # as a load of four warm takes leaves it: two slots decode in the four-row state
+    session = CodecSession(codec.decoder, cg, refs, together=False, stream=True, slots=2)
     calls = []
     hook = codec.decoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
     out, per_chunk = [[] for _ in codes], []
@@ -174,10 +181,13 @@ def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base
     finally:
         hook.remove()
     session.release()
-    # one codec call per chunk, in the bucket of the slots held (1, then 2), after one zero frame at the start that
-    # gives every state's buffers their shapes; when row 2 joins, its reference is decoded on a one-row state and
-    # copied into slot 0
+    # one codec call per chunk, on the view of the slots held (1, then 2 rows); when row 2 joins, its reference is
+    # decoded on a one-row state and copied into slot 0. The first chunk's two one-row calls: without graphs, a zero
+    # frame that gives the private state's buffers their shapes, then the chunk; with graphs, the chunk's 3 frames
+    # as its pieces of 2 and 1 (the shared state had its frame when the graphs made it)
     assert per_chunk == [[1, 1], [2], [1, 2], [2], [2]]
+    if graphs:
+        assert set(cg.views) == {(4, 1), (4, 2)} and cg.private_streams == 0
     for r, c in enumerate(codes):
         full = c if refs[r] is None else torch.cat([refs[r], c])
         one_pass = codec.decode(full[None])[0, (0 if refs[r] is None else 6 * 1920):]

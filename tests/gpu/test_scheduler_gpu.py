@@ -1,7 +1,8 @@
 """The scheduler under CUDA graphs (skipped without CUDA): requests of other lengths, takes, speakers and
 sampling settings, joining a loop that runs, each equal the same request generated alone (fp32: codes identical,
-audio within 1e-4), with the Triton kernels off and on (the sampler reads each row's settings); a cancel frees
-rows for the next request, and afterwards direct calls run with nothing captured late."""
+audio within 1e-4), with the Triton kernels off and on (the sampler reads each row's settings), the codec on
+views of its state's first rows captured when the scheduler started; a cancel frees rows for the next request,
+and afterwards direct calls run with nothing captured late."""
 import pytest
 import torch
 
@@ -48,6 +49,9 @@ def test_requests_under_load_equal_each_alone_under_graphs(eos_checkpoint, trito
             (_req("One more, the defaults."), 1, 5, p)]
     late = e.runner.late_captures
     with Scheduler(e, max_rows=4, chunk_frames=4) as s:
+        # the scheduler captured the codec's views of its state's first 1 and 2 rows when it started
+        assert {k[:2] for k in e.codec_graphs.view_graphs} == {(4, 1), (4, 2)}
+        codec_late = e.codec_graphs.late_captures
         tickets = [s.submit(req, takes=n, seed=seed, params=params, first_chunk_frames=2)
                    for req, n, seed, params in jobs[:2]]
         first = next(iter(tickets[0]))
@@ -63,7 +67,7 @@ def test_requests_under_load_equal_each_alone_under_graphs(eos_checkpoint, trito
             assert audio.shape[0] == m
             if m:
                 assert float((audio - alone.audio[i, :m]).abs().max()) <= 1e-4
-    assert e.runner.late_captures == late
+    assert e.runner.late_captures == late and e.codec_graphs.late_captures == codec_late
 
 
 def test_cancel_under_graphs_frees_rows(tiny_checkpoints):
@@ -109,7 +113,7 @@ def test_sixty_four_rows_equal_each_alone(eos_checkpoint, triton):
         alone = e.generate(req, takes=n, seed=seed, params=params)
         for i in range(n):
             assert torch.equal(got[i][0], alone.codes[i]), f"{req.text!r} take {i}"
-    assert e.runner.late_captures == late
+    assert e.runner.late_captures == late and e.codec_graphs.late_captures == codec_late
 
 
 def test_few_rows_in_a_large_loop_replay_the_nested_graph(eos_checkpoint):
