@@ -153,9 +153,9 @@ class CodecSession:
         """The state every slot lives in, from its first frame to its end: the graphs' shared state of the slots'
         bucket where this session can hold it (with piece graphs for the views of its first 1, 2, 4, ... rows),
         else a private one, made at the first chunk."""
-        self.slots = slots
         self.root = self.graphs.acquire(slots, self, views=True) if self.graphs is not None else None
-        self.root_rows = self.graphs.bucket_holding(self.root) if self.root is not None else slots
+        self.root_shared = self.root is not None  # the graphs' state, whose views have graphs
+        self.root_rows = self.graphs.bucket_holding(self.root) if self.root_shared else slots
         self.started: set = set()  # rows whose utterance has begun in a slot
 
     def _root_state(self):
@@ -183,7 +183,7 @@ class CodecSession:
         """The view a chunk whose held slots end at `span` decodes on: with graphs, the smallest captured view
         that holds them; else exactly `span` rows."""
         root = self._root_state()
-        if self.graphs is not None and self.graphs.bucket_holding(root) is not None:
+        if self.root_shared:
             rows = batch_bucket(span)
             return rows, self.graphs.view(self.root_rows, rows)
         return span, root if span == self.root_rows else root.first_rows(span)

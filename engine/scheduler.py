@@ -16,7 +16,6 @@ stream() calls still run (and the scheduler waits for them).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import threading
 import time
@@ -73,8 +72,7 @@ class Scheduler:
             return
         hold = self.engine._lock.acquire("Scheduler", self.engine.busy_timeout_s)
         try:
-            on_gpu = self.engine.device.type == "cuda"  # this thread's current device may be another GPU
-            with torch.inference_mode(), torch.cuda.device(self.engine.device) if on_gpu else contextlib.nullcontext():
+            with torch.inference_mode():
                 self.engine.codec_graphs.precapture_slots(self.slots)
         finally:
             self.engine._lock.release(hold)

@@ -136,7 +136,7 @@ class CodecGraphs:
         owner will decode on views of the state's first rows (a slotted stream), so their pieces are captured
         here too."""
         self.settle()
-        bucket = bucket_for(batch, {b for b, _ in self.graphs}, self.warm_buckets)
+        bucket = self._bucket(batch)
         ref = self._owners.get(bucket)
         holder = ref() if ref is not None else None
         if holder is not None and holder is not owner:
@@ -161,7 +161,11 @@ class CodecGraphs:
         as acquire(slots, owner, views=True) would before that stream's first frame (a scheduler calls this when
         it starts, so its first request pays no capture)."""
         self.settle()
-        self.precapture([bucket_for(slots, {b for b, _ in self.graphs}, self.warm_buckets)], views=True)
+        self.precapture([self._bucket(slots)], views=True)
+
+    def _bucket(self, batch: int) -> int:
+        """The bucket whose state `batch` rows decode in (buckets.bucket_for over what is captured)."""
+        return bucket_for(batch, {b for b, _ in self.graphs}, self.warm_buckets)
 
     def bucket_holding(self, state: DecodeState) -> int | None:
         for bucket, shared in self.states.items():
@@ -228,11 +232,12 @@ class CodecGraphs:
         codes = torch.zeros(rows, self.decoder.cfg.num_quantizers, frames, dtype=torch.long,
                             device=root.frames.device)
         try:
-            with self._lock:
-                if bucket not in self.pools:
-                    self.pools[bucket] = torch.cuda.graph_pool_handle()
-                pool = self.pools[bucket]
-            graph, wav = capture_graph(lambda: self.decoder(codes, state, check=False), pool)
+            with torch.cuda.device(root.frames.device):  # the caller's current device may be another GPU
+                with self._lock:
+                    if bucket not in self.pools:
+                        self.pools[bucket] = torch.cuda.graph_pool_handle()
+                    pool = self.pools[bucket]
+                graph, wav = capture_graph(lambda: self.decoder(codes, state, check=False), pool)
         except Exception as exc:  # noqa: BLE001  any failure: say so once, then decode eagerly
             self.failure = f"{type(exc).__name__}: {exc}"
             log.warning("codec CUDA graph capture failed (%d of %d rows, %d-frame pieces: %s); decoding eagerly",
