@@ -241,7 +241,7 @@ class Engine:
                  for r in item_rows[k]]
         slots = min(max_rows, len(rows))
         together = len(rows) <= slots and _shared_reference(rows)
-        session = self._session([r.prompt.ref_codes for r in rows], together, stream=False, slots=slots)
+        session = self._session([r.prompt.ref_codes for r in rows], together, stream=False)
         timings = {}
         chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, order=order,
@@ -287,7 +287,7 @@ class Engine:
                      "prefill_s": timings.get("prefill_s", 0.0), "decode_s": t_decode - t0,
                      "codec_s": wall - (t_decode - t0), "wall_s": wall, "audio_s": max(samples) / SAMPLE_RATE,
                      "notes": prompts[k].notes, "batch": timings.get("batch", {}),
-                     "codec": "batched" if together else "slotted"}
+                     "codec": "batched" if together else "per row"}
             results.append(Result(audio=audio[k], lengths=samples, codes=[codes[r].cpu() for r in mine],
                                   stats=stats))
         return results[0] if single else results

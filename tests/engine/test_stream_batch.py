@@ -135,9 +135,19 @@ def _chunks(codes: list, joins: list, sizes: list):
     return out
 
 
-def _slot_reuse_chunks(codes: list) -> list:
-    """FrameChunks of a two-slot loop: row 0 in slot 0, row 1 joins slot 1 at the second chunk, and row 2 takes
-    slot 0 at the third, once row 0 has ended."""
+@pytest.mark.parametrize("graphs", [False, True])
+def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base, graphs):
+    """A stream's rows that join one by one (a server's) decode slotted: one codec call per chunk for every row
+    held, whatever their positions, on a view of the state's first rows; a slot freed by a row that ended starts
+    the next row's utterance afresh (here after an ICL reference), and each row equals its own one-pass decode.
+    With graphs (run uncaptured here) the state is the shared one of a four-row bucket, wider than the two slots,
+    and the views are its first one and two rows."""
+    codec = base.codec
+    gen = torch.Generator().manual_seed(3)
+    codes = [torch.randint(0, 2048, (n, 16), generator=gen) for n in (5, 14, 9)]
+    ref = torch.randint(0, 2048, (6, 16), generator=gen)
+    refs = [None, None, ref]
+    # (slot of each row, the chunk it joins): row 2 takes slot 0 once row 0 has ended
     place, joins, sizes = [0, 1, 0], [0, 1, 2], [3, 2, 4, 4, 4]
     pos, chunks = [0, 0, 0], []
     for step, k in enumerate(sizes):
@@ -154,22 +164,6 @@ def _slot_reuse_chunks(codes: list) -> list:
                 ended.append(r)
         chunks.append(FrameChunk(chunk_codes, valid, 0, step == len(sizes) - 1, tuple(rows), tuple(ended)))
     assert pos == [c.shape[0] for c in codes] and chunks[2].rows == (2, 1)  # slot 0 reused by row 2
-    return chunks
-
-
-@pytest.mark.parametrize("graphs", [False, True])
-def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base, graphs):
-    """A stream's rows that join one by one (a server's) decode slotted: one codec call per chunk for every row
-    held, whatever their positions, on a view of the state's first rows; a slot freed by a row that ended starts
-    the next row's utterance afresh (here after an ICL reference), and each row equals its own one-pass decode.
-    With graphs (run uncaptured here) the state is the shared one of a four-row bucket, wider than the two slots,
-    and the views are its first one and two rows."""
-    codec = base.codec
-    gen = torch.Generator().manual_seed(3)
-    codes = [torch.randint(0, 2048, (n, 16), generator=gen) for n in (5, 14, 9)]
-    ref = torch.randint(0, 2048, (6, 16), generator=gen)
-    refs = [None, None, ref]
-    chunks = _slot_reuse_chunks(codes)
     cg = None
     if graphs:
         cg = CodecGraphs(codec.decoder, capture=False)
@@ -201,54 +195,11 @@ def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_slotted_whole_utterances_gather_and_decode_the_slots_as_one_batch(base, graphs):
-    """Whole-utterance rows that join later decode slotted too: the chunks gather, and every slot decodes as one
-    batch when a row starts in a slot (the slot's last utterance first), when 16 frames have gathered, and at the
-    end. Each row's audio equals its own one-pass decode. With graphs (uncaptured) every decode is the whole
-    four-row bucket's state: a whole-utterance call captures no views."""
-    codec = base.codec
-    gen = torch.Generator().manual_seed(3)
-    codes = [torch.randint(0, 2048, (n, 16), generator=gen) for n in (5, 14, 9)]
-    ref = torch.randint(0, 2048, (6, 16), generator=gen)
-    refs = [None, None, ref]
-    cg = None
-    if graphs:
-        cg = CodecGraphs(codec.decoder, capture=False)
-        cg.warm_buckets = (1, 4)
-    session = CodecSession(codec.decoder, cg, refs, together=False, stream=False, slots=2)
-    calls = []
-    hook = codec.decoder.register_forward_hook(lambda m, args, out: calls.append(tuple(args[0].shape[::2])))
-    per_chunk = []
-    try:
-        for chunk in _slot_reuse_chunks(codes):
-            calls.clear()
-            assert session.push(chunk) == []
-            per_chunk.append(list(calls))
-        wav = session.finish()
-    finally:
-        hook.remove()
-    # (rows, frames) of each codec call. Row 1 joins: row 0's 3 frames decode on one row. Row 2 takes slot 0: the
-    # 2 gathered frames of rows 0 and 1 decode first, then row 2's reference on a one-row state. The last 12
-    # frames decode at the end. Without graphs the first call is the private state's shaping frame; with graphs
-    # each decode is its pieces on the four-row state (the last one padded to 16 frames)
-    if graphs:
-        assert per_chunk == [[], [(4, 2), (4, 1)], [(4, 2), (1, 6)], [], [(4, 16)]]
-        assert not cg.views and cg.private_streams == 0
-    else:
-        assert per_chunk == [[(1, 1)], [(1, 3)], [(2, 2), (1, 6)], [], [(2, 12)]]
-    for r, c in enumerate(codes):
-        full = c if refs[r] is None else torch.cat([refs[r], c])
-        one_pass = codec.decode(full[None])[0, (0 if refs[r] is None else 6 * 1920):]
-        assert wav[r].shape == one_pass.shape
-        assert float((wav[r] - one_pass).abs().max()) <= 1e-5, r
-
-
-@pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("stream", [False, True])
 def test_codec_session_keeps_each_row_utterance(base, graphs, stream):
-    """Rows that start at different chunks, one with an ICL reference, each get their own utterance in a slot of
-    one state (the graph path's is a shared bucket's, run uncaptured here): streamed pieces joined, or the whole
-    audio, equal each row's one-pass decode."""
+    """Rows that start at different chunks, one with an ICL reference, each get their own utterance (the graph
+    path swaps their states through the one shared one-row state, run uncaptured here): streamed pieces
+    joined, or the whole audio, equal each row's one-pass decode."""
     codec = base.codec
     gen = torch.Generator().manual_seed(0)
     codes = [torch.randint(0, 2048, (n, 16), generator=gen) for n in (11, 7, 20)]
