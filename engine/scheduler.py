@@ -72,8 +72,7 @@ class Scheduler:
             return
         hold = self.engine._lock.acquire("Scheduler", self.engine.busy_timeout_s)
         try:
-            with torch.inference_mode():
-                self.engine.codec_graphs.precapture_slots(self.slots)
+            self.engine.codec_graphs.precapture_slots(self.slots)
         finally:
             self.engine._lock.release(hold)
 

@@ -71,6 +71,7 @@ class CodecGraphs:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.views: dict[tuple[int, int], DecodeState] = {}  # (bucket, rows) -> the view of its state's first rows
         self.view_graphs: dict[tuple[int, int, int], tuple] = {}  # (bucket, rows, frames) -> as in graphs
+        self._places: dict[int, tuple[int, int]] = {}  # id of a shared state or view -> (bucket, rows)
         self.prefixes: OrderedDict = OrderedDict()  # (bucket, reference key) -> state snapshot
         self._owners: dict[int, weakref.ref] = {}
         self.pools: dict[int, tuple] = {}  # a graph pool per bucket: the load captures its buckets side by side
@@ -104,6 +105,7 @@ class CodecGraphs:
         self.view_graphs.clear()
         self.views.clear()
         self.states.clear()
+        self._places.clear()
         self.prefixes.clear()
         self._owners.clear()
         self.pools.clear()
@@ -120,6 +122,7 @@ class CodecGraphs:
             codes = torch.zeros(bucket, self.decoder.cfg.num_quantizers, 1, dtype=torch.long, device=p.device)
             self.decoder(codes, state, check=False)  # one frame allocates every tail, K/V and the position
             self.states[bucket] = state.zero_()
+            self._places[id(state)] = (bucket, bucket)
         return self.states[bucket]
 
     def view(self, bucket: int, rows: int) -> DecodeState:
@@ -129,6 +132,7 @@ class CodecGraphs:
         key = (bucket, rows)
         if key not in self.views:
             self.views[key] = self.state(bucket).first_rows(rows)
+            self._places[id(self.views[key])] = key
         return self.views[key]
 
     def acquire(self, batch: int, owner, views: bool = False) -> DecodeState | None:
@@ -168,20 +172,18 @@ class CodecGraphs:
         return bucket_for(batch, {b for b, _ in self.graphs}, self.warm_buckets)
 
     def bucket_holding(self, state: DecodeState) -> int | None:
-        for bucket, shared in self.states.items():
-            if shared is state:
-                return bucket
-        return None
+        """The bucket whose shared state `state` is (None for a view or any other state)."""
+        place = self._place(state)
+        return place[0] if place is not None and place[0] == place[1] else None
 
     def _place(self, state: DecodeState) -> tuple[int, int] | None:
-        """(bucket, rows) of a shared state or of a view of one; None for any other state."""
-        bucket = self.bucket_holding(state)
-        if bucket is not None:
-            return bucket, bucket
-        for key, view in self.views.items():
-            if view is state:
-                return key
-        return None
+        """(bucket, rows) of a shared state or of a view of one; None for any other state. (The shared states and
+        views live until release(), which forgets them all, so their ids are theirs alone.)"""
+        return self._places.get(id(state))
+
+    def _table(self, bucket: int, rows: int, frames: int) -> tuple[dict, tuple]:
+        """Where the graph of `frames`-frame pieces on `rows` rows of `bucket`'s state is kept, and its key."""
+        return (self.graphs, (bucket, frames)) if rows == bucket else (self.view_graphs, (bucket, rows, frames))
 
     # -- capture -------------------------------------------------------------------------------
 
@@ -220,7 +222,7 @@ class CodecGraphs:
         """Capture the graph for (bucket, frames), or for the view of `bucket`'s first `rows` rows, unless it
         exists; False if capture is off or failed."""
         rows = bucket if rows is None else rows
-        table, key = (self.graphs, (bucket, frames)) if rows == bucket else (self.view_graphs, (bucket, rows, frames))
+        table, key = self._table(bucket, rows, frames)
         if key in table:
             return True
         if not self.capture_enabled or self.failure is not None:
@@ -285,7 +287,7 @@ class CodecGraphs:
     def _piece(self, bucket: int, rows: int, size: int, codes: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Decode a `size`-frame piece on `rows` rows of `bucket`'s state; codes may hold fewer frames (the rest
         are zero frames)."""
-        table, key = (self.graphs, (bucket, size)) if rows == bucket else (self.view_graphs, (bucket, rows, size))
+        table, key = self._table(bucket, rows, size)
         if key not in table and self.capture_enabled and self.failure is None:
             self.late_captures += 1
             log.info("codec graphs: capturing %d-frame pieces for %d of %d rows during a request", size, rows, bucket)

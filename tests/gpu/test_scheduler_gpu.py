@@ -104,7 +104,7 @@ def test_sixty_four_rows_equal_each_alone(eos_checkpoint, triton):
     jobs = [(_req(f"Line {i} of the crowd, {'short' if i % 3 else 'a little longer than the others'}.",
                   speaker=speakers[i % 2]), 1 + i % 4, 100 + i, p if i % 5 else p.greedy()) for i in range(26)]
     assert sum(n for _, n, _, _ in jobs) == 63
-    late = e.runner.late_captures
+    late, codec_late = e.runner.late_captures, e.codec_graphs.late_captures
     with Scheduler(e, max_rows=64, chunk_frames=4, max_queue=64) as s:
         tickets = [s.submit(req, takes=n, seed=seed, params=params) for req, n, seed, params in jobs]
         joined = [_joined(t) for t in tickets]
