@@ -53,7 +53,7 @@ class EngineInfo:
 
 def resolve_device(device: str) -> torch.device:
     if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -66,6 +66,8 @@ def resolve_device(device: str) -> torch.device:
         raise UnsupportedConfigError(f"device '{device}' does not exist: this machine has "
                                      f"{torch.cuda.device_count()} CUDA device(s), cuda:0 to "
                                      f"cuda:{torch.cuda.device_count() - 1}.")
+    if dev.type == "cuda" and dev.index is None:  # name the card: other threads (the scheduler's) pin it
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

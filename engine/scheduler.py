@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 import time
 from collections import deque
@@ -37,6 +38,8 @@ from .sampling import MAX_NEW_TOKENS
 from .ticket import Ticket
 
 MAX_QUEUE = 1 << 16  # a sanity limit for max_queue
+
+log = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -197,6 +200,18 @@ class Scheduler:
                                                        "submit it to a new Scheduler."))
 
     def _run(self) -> None:
+        """The loop's thread. Should anything escape the loop itself, the scheduler closes with it: every
+        request ends with that error and submit() refuses, instead of waiting on a thread that is gone."""
+        try:
+            self._loop()
+        except BaseException as error:  # noqa: BLE001 - logged, and every request ends with it
+            log.exception("the scheduler's loop stopped")
+            with self._cond:
+                self._closed = True
+            self._fail_all(list(self._live), SchedulerClosedError(
+                f"the scheduler stopped ({type(error).__name__}: {error}); create a new Scheduler."))
+
+    def _loop(self) -> None:
         engine = self.engine
         if engine.device.type == "cuda":
             torch.cuda.set_device(engine.device)  # the current device is per thread

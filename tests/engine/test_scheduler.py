@@ -196,6 +196,25 @@ def test_close_ends_queued_and_running_requests(no_eos):
     assert no_eos.generate(_custom("The engine is free."), params=p.replace(max_new_tokens=3)).lengths == [3 * 1920]
 
 
+def test_a_loop_that_dies_ends_its_requests_and_refuses_more(no_eos):
+    """Should the loop's thread meet an error outside the decode loop (pinning its device, say), its requests
+    end with that error and submit() refuses, rather than every caller waiting on a thread that is gone."""
+    s = Scheduler(no_eos, max_rows=1, chunk_frames=2)
+
+    def broken():
+        raise RuntimeError("no device here")
+
+    s._hold_engine = broken
+    ticket = s.submit(_custom("Never decodes."))
+    with pytest.raises(SchedulerClosedError, match="no device here"):
+        list(ticket)
+    with pytest.raises(SchedulerClosedError):
+        s.submit(_custom("Refused."))
+    s.close()
+    assert no_eos.generate(_custom("The engine is free."), params=no_eos.defaults.replace(max_new_tokens=3)).lengths \
+        == [3 * 1920]
+
+
 def test_async_iteration_and_chunk_sizes(no_eos):
     """`async for` gives the same chunks as `for`; a first chunk of first_chunk_frames, then chunks gathered to
     the request's chunk_frames."""
