@@ -336,7 +336,9 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     require(not deferred or not p["USE_DOT"], "a deferred sum feeds the FMA path only (rows <= FMA_ROWS)")
     counters = arrivals.of(counters, "linear", x.device)
     require(p["n_blocks"] <= counters.numel(), "split-k counters for every block")
-    _kernel()[(p["n_blocks"], p["splits"])](
+    key = (x.device, x.dtype, p["BLOCK_M"], n, k, code, p["BLOCK_N"], p["BLOCK_K"], p["SWAP_AB"], residual is not None,
+           bias is not None, deferred, defer)
+    _fitting(key, p["num_stages"], lambda stages: _kernel()[(p["n_blocks"], p["splits"])](
         x2, x2.stride(0), weight, weight.stride(0), y, y.stride(0), res, res.stride(0),
         norm_weight if norm_weight is not None else y, bias if bias is not None else y, part, counters,
         *((x_in.part, x_in.residual, x_in.residual.reshape(m, k).stride(0), x2) if deferred else (y, y, 0, y)),
@@ -347,7 +349,31 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
         BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_K=p["BLOCK_K"], SP=unrolled_splits(p["splits"]),
         SS_STEPS=norm_steps(k, p["BLOCK_K"], p["BLOCK_M"]) if code == 1 else 0,
         XS=x_in.splits if deferred else 0, DEFER=defer,
-        num_warps=p["num_warps"], num_stages=p["num_stages"], **launch_options(pdl))
+        num_warps=p["num_warps"], num_stages=stages, **launch_options(pdl)))
     if defer:
         return SplitSum(part, res, y.view(*lead, n))
     return y.view(*lead, n)
+
+
+# Pipeline stages that fit the device's shared memory, per launch shape (see _fitting).
+_STAGES: dict = {}
+
+
+def _fitting(key, stages: int, launch) -> None:
+    """launch(num_stages) with the plan's stages, or fewer where the tile's pipeline does not fit the device's
+    shared memory (a [64 rows, 2 x 256] SwiGLU tile in 3 stages needs 256 KB, an H100 has 227; an fp32 one at
+    32 rows, 288). Triton refuses such a launch before it runs, so a retry with a stage less is safe; the
+    stages change only how far the loads run ahead, not the result. The count that fits is kept per shape."""
+    from triton.runtime.errors import OutOfResources
+
+    stages = _STAGES.get(key, stages)
+    while True:
+        try:
+            launch(stages)
+        except OutOfResources:
+            if stages <= 1:
+                raise
+            stages -= 1
+            _STAGES[key] = stages
+            continue
+        return

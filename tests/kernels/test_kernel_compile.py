@@ -30,6 +30,27 @@ def test_linear_compiles(compile_only):
     assert len(compile_only) >= 10
 
 
+def test_linear_fits_shared_memory_at_32_and_64_rows(compile_only):
+    """A server's 64-row bucket in bf16, and 32 rows in the GPU tests' fp32: the plan's three pipeline stages
+    of a [64 rows, 2 x 256] SwiGLU tile need 256 KB of shared memory (an fp32 one at 32 rows 288 KB), more than
+    an H100 has, and such a launch is refused before it runs. Each runs with the stages that fit instead."""
+    import torch
+
+    from engine.kernels import linear
+    from tests.support import kernels_selftest as st
+
+    linear._STAGES.clear()
+    shapes = [(1024, 3072, "silu_mul", True, False), (2048, 1024, "rms_norm", False, False),
+              (2048, 6144, "silu_mul", True, False)]  # 0.6B down, a normed swapped tile, 1.7B down (SwiGLU in torch)
+    for m, dtype in ((64, sm90.BF16), (32, torch.float32)):  # fp32 at 64 rows compiles for minutes here
+        for shape in shapes:
+            st.check_linear("cpu", dtype, m, *shape)
+    fitted = {(key[1], key[2], key[3], key[4]): stages for key, stages in linear._STAGES.items()}
+    assert fitted[(torch.bfloat16, 64, 1024, 3072)] == 2  # the 0.6B's (and 1.7B predictor's) down_proj
+    assert fitted[(torch.float32, 32, 1024, 3072)] == 2
+    assert all(key[2] >= 32 for key in linear._STAGES)  # 16-row tiles fit as planned
+
+
 def test_attention_compiles(compile_only):
     for m in ROWS:
         sm90.attention_launches(m)

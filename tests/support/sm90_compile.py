@@ -84,26 +84,33 @@ def codec_launches(rows: int) -> None:
 
 
 def signature(jit_fn, args, kwargs):
-    """(signature, constexprs, options) of one launch, as Triton's launcher would bind them."""
+    """(signature, constexprs, options, attrs) of one launch, as Triton's launcher would bind them: attrs marks
+    the pointers and integers divisible by 16, which lets the compiler pipeline the loads through shared memory
+    (without them a tile's shared memory is far below what the GPU sees)."""
     defaults = inspect.signature(jit_fn.fn).parameters
     values = dict(zip((p.name for p in jit_fn.params), args))
     options = {}
     for key, value in kwargs.items():
         (values if key in defaults else options)[key] = value
-    sig, consts = {}, {}
-    for p in jit_fn.params:
+    sig, consts, attrs = {}, {}, {}
+    for i, p in enumerate(jit_fn.params):
         v = values[p.name] if p.name in values else defaults[p.name].default
+        aligned = not p.do_not_specialize_on_alignment and not p.do_not_specialize
         if p.is_constexpr or v is None:
             sig[p.name], consts[p.name] = "constexpr", v
         elif isinstance(v, torch.Tensor):
             sig[p.name] = POINTER[v.dtype]
+            aligned = aligned and v.data_ptr() % 16 == 0
         elif isinstance(v, bool):
-            sig[p.name] = "i1"
+            sig[p.name], aligned = "i1", False
         elif isinstance(v, int):
             sig[p.name] = "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
+            aligned = aligned and v % 16 == 0
         else:
-            sig[p.name] = "fp32"
-    return sig, consts, options
+            sig[p.name], aligned = "fp32", False
+        if aligned and sig[p.name] != "constexpr":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, consts, options, attrs
 
 
 class NotLoaded:
@@ -135,15 +142,21 @@ def resource_usage(compiled) -> dict:
             "instructions": instructions}
 
 
+# An H100's (and H200's) shared memory a block may use: a launch that needs more is refused before it runs.
+SHARED_LIMIT = 232448
+
+
 @contextlib.contextmanager
 def compile_only(on_compile=None):
     """Within: every Triton launch compiles for sm_90 and returns. Yields the set of distinct compiles;
-    on_compile(kernel name, constexprs, options, compiled kernel) is called once for each."""
+    on_compile(kernel name, constexprs, options, compiled kernel) is called once for each. A launch whose
+    kernel needs more shared memory than SHARED_LIMIT raises OutOfResources, as Triton's runtime does."""
     import importlib
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.runtime.errors import OutOfResources
     from triton.runtime.jit import JITFunction
 
     from tests.support import kernels_selftest as selftest
@@ -151,14 +164,21 @@ def compile_only(on_compile=None):
     modules = [importlib.import_module(f"engine.kernels.{name}") for name in KERNEL_MODULES]
     done = set()
 
+    shared = {}  # compile key -> shared memory bytes
+
     def run(self, *args, grid, warmup, **kwargs):
-        sig, consts, options = signature(self, args, kwargs)
-        key = (self.fn.__name__, tuple(sig.items()), repr(sorted(consts.items(), key=str)), repr(sorted(options.items())))
+        sig, consts, options, attrs = signature(self, args, kwargs)
+        key = (self.fn.__name__, tuple(sig.items()), repr(sorted(consts.items(), key=str)), repr(sorted(options.items())),
+               repr(sorted(attrs)))
         if key not in done:
-            compiled = triton.compile(ASTSource(self, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
+            compiled = triton.compile(ASTSource(self, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                                      options=options)
             done.add(key)
+            shared[key] = compiled.metadata.shared
             if on_compile is not None:
                 on_compile(self.fn.__name__, consts, options, compiled)
+        if shared[key] > SHARED_LIMIT:
+            raise OutOfResources(shared[key], SHARED_LIMIT, "shared memory")
         return NotLoaded()
 
     saved = {"env": os.environ.pop("TRITON_INTERPRET", None), "run": JITFunction.run,
