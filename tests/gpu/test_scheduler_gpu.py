@@ -139,7 +139,8 @@ def test_few_rows_in_a_large_loop_replay_the_nested_graph(eos_checkpoint):
     e.runner.next_frame = next_frame
     with Scheduler(e, max_rows=64, chunk_frames=4) as s:
         one = _joined(s.submit(_req("Alone in a large loop."), takes=2, seed=9, params=p))
-        assert set(seen) == {2}
+        # its two rows' nested graph; one row's once the take in the second slot has ended (EOS comes per take)
+        assert seen[0] == 2 and set(seen) <= {1, 2}
         tickets = [s.submit(_req(f"Crowd line {i}."), takes=3, seed=20 + i, params=p) for i in range(4)]
         crowd = [_joined(t) for t in tickets]
     assert max(seen) == 16
