@@ -130,14 +130,15 @@ async def soak(url: str, actions: list, concurrency: int, exact: bool) -> list:
     return actions
 
 
-async def warm_up(url: str, voice: str, frames: tuple[int, int]) -> None:
-    """Requests of the soak's shortest and longest length, alone and several at once, so whatever the server
-    allocates once has been allocated before the memory baseline."""
+async def warm_up(url: str, voice: str, frames: tuple[int, int], concurrency: int) -> None:
+    """Requests of the soak's shortest and longest length, alone and `concurrency` at once, so whatever the
+    server allocates once (the graphs of as many rows as the soak holds at once) has been allocated before the
+    memory baseline."""
     async with session() as client:
         for count in frames:
             body = {"input": "A warm-up line.", "voice": voice, "max_new_tokens": count, "stream": True}
             await speech(client, url, body)
-            await asyncio.gather(*(speech(client, url, {**body, "seed": s}) for s in range(4)))
+            await asyncio.gather(*(speech(client, url, {**body, "seed": s}) for s in range(concurrency)))
         await wait_idle(client, url)
 
 
@@ -196,7 +197,7 @@ def run(args, server_args: list) -> dict:
               "server_args": list(map(str, server_args)), "checks": {}}
     with ServerProcess(model, server_args) as server:
         url = server.url
-        asyncio.run(warm_up(url, voice, frames))
+        asyncio.run(warm_up(url, voice, frames, args.concurrency))
         base_health = asyncio.run(now_health(url))
         t0 = time.perf_counter()
         asyncio.run(soak(url, actions, args.concurrency, exact))
