@@ -1,0 +1,220 @@
+"""Where a saturated scheduler's time goes: the engine's `Scheduler` in-process (as the server runs it, without
+HTTP), `--streams` closed-loop callers of the real-length mix, its loop's phases timed.
+
+    python bench/serve_profile.py --configs 0.6b:custom_voice --device cuda --rows 64 --streams 64 --out DIR
+    python bench/serve_profile.py --model TINY_DIR --device cpu --rows 4 --streams 4 --seconds 2 --out DIR   # CI
+
+The loop's phases: `frames` (one step of every row held: the talker and its code predictor), `admit` (a
+joining request's prefill) and `codec` (a chunk's codec pass and its hand-over to the callers). Per config,
+two windows of `--seconds` under the same load:
+  * free: audio s/s, loop steps/s, and each phase's host ms a second (on a GPU its launches, not its work);
+  * synced: the device is synchronised after each phase, so a phase's ms a second is its host and device time
+    together, and the phases add up to the loop's time (the overlap the loop has otherwise is lost, so its
+    audio s/s is lower). The rest of the wall time is the scheduler's own work and its waits.
+`--configs SIZE:TYPE` writes real-size random checkpoints (EOS disabled, in $BENCH_CKPT_DIR), so every request
+decodes exactly its sentence's natural length.
+
+Writes DIR/serve_profile_<name>.json and prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from real_length_script import script  # noqa: E402
+from timing import write_json  # noqa: E402
+
+PHASES = ("frames", "admit", "codec")
+SPEAKER = "ryan"
+
+
+class Phases:
+    """Seconds and calls of each phase while `on`; with `sync` each phase first waits for its device work."""
+
+    def __init__(self):
+        self.on = self.sync = False
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.seconds = {p: 0.0 for p in PHASES}
+            self.calls = {p: 0 for p in PHASES}
+
+    def marked(self, name: str, fn, device):
+        import torch
+
+        def call(*args, **kwargs):
+            if not self.on:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if self.sync and device.type == "cuda":
+                torch.cuda.synchronize(device)
+            with self.lock:
+                self.seconds[name] += time.perf_counter() - t0
+                self.calls[name] += 1
+            return out
+        return call
+
+    def table(self, wall: float) -> dict:
+        with self.lock:
+            return {p: {"calls": self.calls[p], "ms_per_s": 1000 * self.seconds[p] / wall} for p in PHASES}
+
+
+PHASE_TIMES = Phases()
+
+
+def mark_phases(engine) -> None:
+    """Time the loop's three phases (this process only)."""
+    from engine import codec_session
+
+    runner, dev = engine.runner, engine.device
+    runner.next_frame = PHASE_TIMES.marked("frames", runner.next_frame, dev)
+    runner.admit = PHASE_TIMES.marked("admit", runner.admit, dev)
+    if not getattr(codec_session.CodecSession.push, "marked", False):  # once a process, over several configs
+        codec_session.CodecSession.push = PHASE_TIMES.marked("codec", codec_session.CodecSession.push, dev)
+        codec_session.CodecSession.push.marked = True
+
+
+class Load:
+    """`streams` callers, each submitting the next sentence of the mix when its last one ends."""
+
+    def __init__(self, scheduler, engine, streams: int):
+        from engine import Request
+
+        self.s, self.engine = scheduler, engine
+        self.mix = [(Request(mode="custom", text=text, language=lang, speaker=SPEAKER), frames)
+                    for lang, text, frames in script()]
+        self.lock, self.audio_s, self.stop, self.errors = threading.Lock(), 0.0, False, []
+        self.threads = [threading.Thread(target=self._caller, args=(i,), daemon=True) for i in range(streams)]
+        for t in self.threads:
+            t.start()
+
+    def _caller(self, i: int) -> None:
+        n = i
+        rate = self.engine.sample_rate
+        while not self.stop:
+            req, frames = self.mix[n % len(self.mix)]
+            try:
+                ticket = self.s.submit(req, seed=n, params=self.engine.defaults.capped(frames), first_chunk_frames=2)
+                for chunk in ticket:
+                    with self.lock:
+                        self.audio_s += chunk.audio.numel() / rate
+                    if self.stop:
+                        ticket.cancel()
+                        break
+            except Exception as exc:  # noqa: BLE001 - counted and shown; a failed request ends the run
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            n += len(self.threads)
+
+    def received(self) -> float:
+        with self.lock:
+            return self.audio_s
+
+    def close(self) -> None:
+        self.stop = True
+        for t in self.threads:
+            t.join(60)
+
+
+def run_config(model: Path, label: str, args) -> dict:
+    import torch
+
+    from engine import Engine, Scheduler
+
+    load = {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs, "triton": args.triton}
+    engine = Engine.load(model, max_takes=args.rows, warm_takes=args.rows, **load)
+    steps = [0]
+    step = engine.runner.next_frame
+
+    def counted(host):
+        steps[0] += 1
+        return step(host)
+
+    engine.runner.next_frame = counted
+    mark_phases(engine)
+    out = {"label": label, "model": str(model), "engine": engine.info.summary(), "rows": args.rows,
+           "streams": args.streams, "boundary_frames": args.boundary_frames}
+    with Scheduler(engine, max_rows=args.rows, max_queue=max(64, 2 * args.streams),
+                   chunk_frames=args.boundary_frames) as s:
+        load_ = Load(s, engine, args.streams)
+        try:
+            time.sleep(args.warm_s)  # every caller has joined once; the rows are full
+            for window in ("free", "synced"):
+                PHASE_TIMES.sync = window == "synced"
+                PHASE_TIMES.reset()
+                PHASE_TIMES.on = True
+                a0, n0, t0 = load_.received(), steps[0], time.perf_counter()
+                time.sleep(args.seconds)
+                wall = time.perf_counter() - t0
+                PHASE_TIMES.on = False
+                out[window] = {"audio_s_per_s": (load_.received() - a0) / wall,
+                               "steps_per_s": (steps[0] - n0) / wall, "phases": PHASE_TIMES.table(wall)}
+        finally:
+            load_.close()
+        if load_.errors:
+            raise SystemExit(f"{label}: {len(load_.errors)} requests failed, e.g. {load_.errors[0]}")
+    engine.release()
+    return out
+
+
+def report(results: list) -> str:
+    lines = ["| model | rows | streams | window | audio s/s | loop steps/s | "
+             + " | ".join(f"{p} ms a s" for p in PHASES) + " | rest ms a s |",
+             "|---|---|---|---|---|---|" + "---|" * (len(PHASES) + 1)]
+    for r in results:
+        for window in ("free", "synced"):
+            w = r[window]
+            ms = [w["phases"][p]["ms_per_s"] for p in PHASES]
+            lines.append(f"| {r['label']} | {r['rows']} | {r['streams']} | {window} | {w['audio_s_per_s']:.1f} | "
+                         f"{w['steps_per_s']:.1f} | " + " | ".join(f"{x:.0f}" for x in ms)
+                         + f" | {max(0.0, 1000 - sum(ms)):.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, action="append", default=[], help="a CustomVoice checkpoint folder")
+    ap.add_argument("--configs", nargs="+", default=[], help="SIZE:custom_voice random checkpoints, e.g. 0.6b:custom_voice")
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--streams", type=int, default=64, help="closed-loop callers")
+    ap.add_argument("--boundary-frames", type=int, default=4, help="the scheduler's chunk_frames, as the server's")
+    ap.add_argument("--warm-s", type=float, default=3.0, help="s of load before measuring")
+    ap.add_argument("--seconds", type=float, default=5.0, help="s of each measured window")
+    for opt in ("device", "dtype", "cuda-graphs", "triton"):
+        ap.add_argument(f"--{opt}", default="auto")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--name", default="")
+    args = ap.parse_args(argv)
+    runs = [(m, m.name) for m in args.model]
+    if args.configs:
+        from gpu_bench import checkpoint
+
+        runs += [(checkpoint(*c.partition(":")[::2]), c) for c in args.configs]
+    if not runs:
+        ap.error("give --model DIR or --configs SIZE:custom_voice")
+    results = []
+    for model, label in runs:
+        results.append(run_config(model, label, args))
+        print(f"{label}: {results[-1]['free']['audio_s_per_s']:.1f} s of audio a second", flush=True)
+    text = report(results)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = args.name or ("cpu" if args.device == "cpu" else "gpu")
+    write_json(args.out / f"serve_profile_{name}.json", {"configs": results, "table": text})
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
