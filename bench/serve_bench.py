@@ -259,7 +259,7 @@ def run_config(model: Path, label: str, args, server_args: list) -> tuple[dict, 
     records = []
     rng = random.Random(args.seed)
     with ServerProcess(model, server_args) as server:
-        out["server_start_s"] = server.start_s
+        out["server_start_s"], out["serving"] = server.start_s, server.serving
         print(f"{label}: the server is up after {server.start_s:.1f} s (load and graph capture)", flush=True)
         try:
             if args.alone:
@@ -352,6 +352,7 @@ def table(results: list, args) -> str:
             over = [a - b for a, b in zip(s, e)]
             lines.append(f"| {c['label']} | {len(s)} | {percentile(s, 50):.1f} | {percentile(e, 50):.1f} | "
                          f"{percentile(over, 50):.1f} | {max(s):.1f} | {max(e):.1f} |")
+    lines += [""] + [f"Served: {c['serving']}." for c in results if c.get("serving")]
     lines += ["", f"Rates: Poisson arrivals for {args.duration:g} s each"
                   + (f" (at most {args.requests} requests)" if args.requests else "")
               + f"; saturation: {args.saturation} closed-loop streams for {args.saturation_s:g} s. "

@@ -35,7 +35,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
         self.lines: collections.deque = collections.deque(maxlen=400)
-        self.url = None
+        self.url = self.serving = None
         self.tracebacks = 0  # over the whole log, not only the lines kept
         found = threading.Event()
 
@@ -46,6 +46,7 @@ class ServerProcess:
                 m = STARTED.search(line)
                 if m and self.url is None:
                     self.url = f"http://{m.group(1)}:{m.group(2)}"
+                    self.serving = line[:m.start()].strip()  # what runs: the model, device, graphs, kernels
                     found.set()
             found.set()  # the process ended
 

@@ -51,6 +51,9 @@ def test_bench_of_a_custom_voice_checkpoint(tiny_checkpoints, tmp_path, figure):
                                      "--saturation", 3, "--saturation-s", 1.5, "--alone", 2, "--max-rows", 4)
     (c,) = results["configs"]
     assert [r["rate"] for r in c["rates"]] == [2, 4]
+    # what ran, as the server said it at startup: the table names the device, graphs and kernels
+    assert c["serving"].startswith("serving ") and "on cpu" in c["serving"] and "CUDA graphs off" in c["serving"]
+    assert f"Served: {c['serving']}." in md
     for r, rec in zip(c["rates"], records):
         assert rec["phase"] == f"rate {float(r['rate'])}"
         _check_rate(r, rec["requests"])
