@@ -148,7 +148,8 @@ SHARED_LIMIT = 232448
 
 @contextlib.contextmanager
 def compile_only(on_compile=None):
-    """Within: every Triton launch compiles for sm_90 and returns. Yields the set of distinct compiles;
+    """Within: every Triton launch compiles for sm_90 and returns. Yields the distinct compiles (a dict of their
+    shared memory bytes);
     on_compile(kernel name, constexprs, options, compiled kernel) is called once for each. A launch whose
     kernel needs more shared memory than SHARED_LIMIT raises OutOfResources, as Triton's runtime does."""
     import importlib
@@ -162,9 +163,7 @@ def compile_only(on_compile=None):
     from tests.support import kernels_selftest as selftest
 
     modules = [importlib.import_module(f"engine.kernels.{name}") for name in KERNEL_MODULES]
-    done = set()
-
-    shared = {}  # compile key -> shared memory bytes
+    done = {}  # compile key -> the kernel's shared memory bytes
 
     def run(self, *args, grid, warmup, **kwargs):
         sig, consts, options, attrs = signature(self, args, kwargs)
@@ -173,12 +172,11 @@ def compile_only(on_compile=None):
         if key not in done:
             compiled = triton.compile(ASTSource(self, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                                       options=options)
-            done.add(key)
-            shared[key] = compiled.metadata.shared
+            done[key] = compiled.metadata.shared
             if on_compile is not None:
                 on_compile(self.fn.__name__, consts, options, compiled)
-        if shared[key] > SHARED_LIMIT:
-            raise OutOfResources(shared[key], SHARED_LIMIT, "shared memory")
+        if done[key] > SHARED_LIMIT:
+            raise OutOfResources(done[key], SHARED_LIMIT, "shared memory")
         return NotLoaded()
 
     saved = {"env": os.environ.pop("TRITON_INTERPRET", None), "run": JITFunction.run,
