@@ -1,7 +1,8 @@
-"""Where a saturated scheduler's time goes: the engine's `Scheduler` in-process (as the server runs it, without
-HTTP), `--streams` closed-loop callers of the real-length mix, its loop's phases timed.
+"""Where a scheduler's time goes: the engine's `Scheduler` in-process (as the server runs it, without HTTP), under
+`--streams` closed-loop callers of the real-length mix and under Poisson arrivals at each of `--rates`, its loop's
+phases timed and each arrival's first audio taken apart.
 
-    python bench/serve_profile.py --configs 0.6b:custom_voice --device cuda --rows 64 --streams 64 --out DIR
+    python bench/serve_profile.py --configs 0.6b:custom_voice --device cuda --rows 64 --streams 64 --rates 20 --out DIR
     python bench/serve_profile.py --model TINY_DIR --device cpu --rows 4 --streams 4 --seconds 2 --out DIR   # CI
 
 The loop's phases: `frames` (one step of every row held: the talker and its code predictor), `admit` (a
@@ -11,6 +12,9 @@ two windows of `--seconds` under the same load:
   * synced: the device is synchronised after each phase, so a phase's ms a second is its host and device time
     together, and the phases add up to the loop's time (the overlap the loop has otherwise is lost, so its
     audio s/s is lower). The rest of the wall time is the scheduler's own work and its waits.
+Under arrivals at a rate, the loop's phases are timed freely, and each request's first audio is split into
+`prepare` (submit's own work: text and prompt), `wait` (queued until the loop's next boundary took its rows) and
+`join` (from then to its first chunk: its prefill, the first chunk's frames, the codec pass, the hand-over).
 `--configs SIZE:TYPE` writes real-size random checkpoints (EOS disabled, in $BENCH_CKPT_DIR), so every request
 decodes exactly its sentence's natural length.
 
@@ -30,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from real_length_script import script  # noqa: E402
-from timing import write_json  # noqa: E402
+from timing import percentile, write_json  # noqa: E402
 
 PHASES = ("frames", "admit", "codec")
 SPEAKER = "ryan"
@@ -85,15 +89,20 @@ def mark_phases(engine) -> None:
         codec_session.CodecSession.push.marked = True
 
 
+def sentences() -> list:
+    """The real-length mix as (request, natural frames)."""
+    from engine import Request
+
+    return [(Request(mode="custom", text=text, language=lang, speaker=SPEAKER), frames)
+            for lang, text, frames in script()]
+
+
 class Load:
     """`streams` callers, each submitting the next sentence of the mix when its last one ends."""
 
     def __init__(self, scheduler, engine, streams: int):
-        from engine import Request
-
         self.s, self.engine = scheduler, engine
-        self.mix = [(Request(mode="custom", text=text, language=lang, speaker=SPEAKER), frames)
-                    for lang, text, frames in script()]
+        self.mix = sentences()
         self.lock, self.audio_s, self.stop, self.errors = threading.Lock(), 0.0, False, []
         self.threads = [threading.Thread(target=self._caller, args=(i,), daemon=True) for i in range(streams)]
         for t in self.threads:
@@ -127,6 +136,55 @@ class Load:
             t.join(60)
 
 
+class Arrivals:
+    """Poisson arrivals at `rate` a second for `seconds` (each request in a thread of its own, as the server's
+    handlers are), every request's first audio timed in parts; run() returns when the last one has ended."""
+
+    PARTS = ("prepare", "wait", "join", "first")
+
+    def __init__(self, scheduler, engine, rate: float, seconds: float, seed: int = 0):
+        import random
+
+        self.s, self.engine, self.mix = scheduler, engine, sentences()
+        self.rate, self.seconds, self.rng = rate, seconds, random.Random(seed)
+        self.lock, self.records, self.errors = threading.Lock(), [], []
+
+    def run(self) -> None:
+        threads, n, at = [], 0, self.rng.expovariate(self.rate)
+        start = time.perf_counter()
+        while at < self.seconds:
+            time.sleep(max(0.0, start + at - time.perf_counter()))
+            threads.append(threading.Thread(target=self._one, args=(n,), daemon=True))
+            threads[-1].start()
+            n, at = n + 1, at + self.rng.expovariate(self.rate)
+        for t in threads:
+            t.join(120)
+
+    def _one(self, n: int) -> None:
+        req, frames = self.mix[n % len(self.mix)]
+        try:
+            ticket = self.s.submit(req, seed=n, params=self.engine.defaults.capped(frames), first_chunk_frames=2)
+            prepared = time.perf_counter() - ticket._t0
+            first = next(iter(ticket)).elapsed_s
+            for _ in ticket:
+                pass
+        except Exception as exc:  # noqa: BLE001 - counted and shown; a failed request ends the run
+            with self.lock:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            return
+        ms = {"prepare": prepared, "wait": ticket.admitted_s - prepared, "join": first - ticket.admitted_s,
+              "first": first}
+        with self.lock:
+            self.records.append({k: 1000 * v for k, v in ms.items()})
+
+    def summary(self) -> dict:
+        out = {"requests": len(self.records)}
+        for part in self.PARTS:
+            xs = [r[part] for r in self.records]
+            out[part] = {"p50_ms": percentile(xs, 50), "p95_ms": percentile(xs, 95)}
+        return out
+
+
 def run_config(model: Path, label: str, args) -> dict:
     from engine import Engine, Scheduler
 
@@ -137,29 +195,75 @@ def run_config(model: Path, label: str, args) -> dict:
            "streams": args.streams, "boundary_frames": args.boundary_frames}
     with Scheduler(engine, max_rows=args.rows, max_queue=max(64, 2 * args.streams),
                    chunk_frames=args.boundary_frames) as s:
-        load_ = Load(s, engine, args.streams)
-        try:
-            time.sleep(args.warm_s)  # every caller has joined once; the rows are full
-            for window in ("free", "synced"):
-                PHASE_TIMES.sync = window == "synced"
-                PHASE_TIMES.reset()
-                PHASE_TIMES.on = True
-                a0, t0 = load_.received(), time.perf_counter()
-                time.sleep(args.seconds)
-                wall = time.perf_counter() - t0
-                PHASE_TIMES.on = False
-                phases = PHASE_TIMES.table(wall)
-                out[window] = {"audio_s_per_s": (load_.received() - a0) / wall,
-                               "steps_per_s": phases["frames"]["calls"] / wall, "phases": phases}
-        finally:
-            load_.close()
-        if load_.errors:
-            raise SystemExit(f"{label}: {len(load_.errors)} requests failed, e.g. {load_.errors[0]}")
+        out["rates"] = [arrivals(s, engine, rate, label, args) for rate in args.rates]
+        if args.streams > 0:
+            saturate(s, engine, label, args, out)
     engine.release()
     return out
 
 
+def arrivals(s, engine, rate: float, label: str, args) -> dict:
+    """One window of Poisson arrivals (the first requests, which find the loop idle, are left out: a warm-up)."""
+    Arrivals(s, engine, rate, max(1.0, 4 / rate)).run()
+    a = Arrivals(s, engine, rate, args.seconds, seed=1)
+    PHASE_TIMES.sync = False
+    PHASE_TIMES.reset()
+    PHASE_TIMES.on = True
+    t0 = time.perf_counter()
+    a.run()
+    wall = time.perf_counter() - t0
+    PHASE_TIMES.on = False
+    if a.errors:
+        raise SystemExit(f"{label}: {len(a.errors)} requests failed, e.g. {a.errors[0]}")
+    phases = PHASE_TIMES.table(wall)
+    return {"rate": rate, **a.summary(), "steps_per_s": phases["frames"]["calls"] / wall, "phases": phases}
+
+
+def saturate(s, engine, label: str, args, out: dict) -> None:
+    """The free and synced windows under `args.streams` closed-loop callers."""
+    load_ = Load(s, engine, args.streams)
+    try:
+        time.sleep(args.warm_s)  # every caller has joined once; the rows are full
+        for window in ("free", "synced"):
+            PHASE_TIMES.sync = window == "synced"
+            PHASE_TIMES.reset()
+            PHASE_TIMES.on = True
+            a0, t0 = load_.received(), time.perf_counter()
+            time.sleep(args.seconds)
+            wall = time.perf_counter() - t0
+            PHASE_TIMES.on = False
+            phases = PHASE_TIMES.table(wall)
+            out[window] = {"audio_s_per_s": (load_.received() - a0) / wall,
+                           "steps_per_s": phases["frames"]["calls"] / wall, "phases": phases}
+    finally:
+        load_.close()
+    if load_.errors:
+        raise SystemExit(f"{label}: {len(load_.errors)} requests failed, e.g. {load_.errors[0]}")
+
+
 def report(results: list) -> str:
+    return "\n\n".join(t for t in (rates_table(results), saturation_table(results)) if t)
+
+
+def rates_table(results: list) -> str:
+    rows = [(r, a) for r in results for a in r.get("rates", [])]
+    if not rows:
+        return ""
+    lines = ["| model | rows | req/s | requests | " + " | ".join(f"{p} p50 / p95 ms" for p in Arrivals.PARTS)
+             + " | loop steps/s | " + " | ".join(f"{p} ms a s" for p in PHASES) + " |",
+             "|---|---|---|---|" + "---|" * (len(Arrivals.PARTS) + 1 + len(PHASES))]
+    for r, a in rows:
+        parts = [f"{a[p]['p50_ms']:.1f} / {a[p]['p95_ms']:.1f}" for p in Arrivals.PARTS]
+        ms = [f"{a['phases'][p]['ms_per_s']:.0f}" for p in PHASES]
+        lines.append(f"| {r['label']} | {r['rows']} | {a['rate']:g} | {a['requests']} | " + " | ".join(parts)
+                     + f" | {a['steps_per_s']:.1f} | " + " | ".join(ms) + " |")
+    return "\n".join(lines)
+
+
+def saturation_table(results: list) -> str:
+    results = [r for r in results if "free" in r]
+    if not results:
+        return ""
     lines = ["| model | rows | streams | window | audio s/s | loop steps/s | "
              + " | ".join(f"{p} ms a s" for p in PHASES) + " | rest ms a s |",
              "|---|---|---|---|---|---|" + "---|" * (len(PHASES) + 1)]
@@ -178,10 +282,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", type=Path, action="append", default=[], help="a CustomVoice checkpoint folder")
     ap.add_argument("--configs", nargs="+", default=[], help="SIZE:custom_voice random checkpoints, e.g. 0.6b:custom_voice")
     ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--streams", type=int, default=64, help="closed-loop callers")
+    ap.add_argument("--streams", type=int, default=64, help="closed-loop callers (0: no saturated windows)")
+    ap.add_argument("--rates", type=float, nargs="*", default=[], help="Poisson arrivals a second, a window each")
     ap.add_argument("--boundary-frames", type=int, default=4, help="the scheduler's chunk_frames, as the server's")
     ap.add_argument("--warm-s", type=float, default=3.0, help="s of load before measuring")
-    ap.add_argument("--seconds", type=float, default=5.0, help="s of each measured window")
+    ap.add_argument("--seconds", type=float, default=5.0, help="s of each measured window (of arrivals, for a rate)")
     for opt in ("device", "dtype", "cuda-graphs", "triton"):
         ap.add_argument(f"--{opt}", default="auto")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -197,7 +302,8 @@ def main(argv=None) -> int:
     results = []
     for model, label in runs:
         results.append(run_config(model, label, args))
-        print(f"{label}: {results[-1]['free']['audio_s_per_s']:.1f} s of audio a second", flush=True)
+        if "free" in results[-1]:
+            print(f"{label}: {results[-1]['free']['audio_s_per_s']:.1f} s of audio a second", flush=True)
     text = report(results)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

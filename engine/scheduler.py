@@ -293,7 +293,7 @@ class _OpenRows:
             if not s._waiting or len(s._live[s._waiting[0]]) > free:
                 return []
             ticket = s._waiting.popleft()
-            ticket.admitted_at = s._boundary
+            ticket.admitted_at, ticket.admitted_s = s._boundary, time.perf_counter() - ticket._t0
             return sorted(s._live[ticket])
 
     def dropped(self) -> set:

@@ -24,12 +24,12 @@ _END = object()  # every take's final chunk has been taken
 class Ticket:
     """`takes` takes of one request; chunk.item is always 0, chunk.take the take's index (random stream
     first_take + take), chunk.elapsed_s the seconds since submit. `admitted_at` is the scheduler's chunk
-    boundary at which the request's rows joined the loop (None while it waits), `cancelled_at` the boundary
-    count when it was cancelled (its rows leave at the next one)."""
+    boundary at which the request's rows joined the loop (None while it waits) and `admitted_s` the seconds from
+    submit to then, `cancelled_at` the boundary count when it was cancelled (its rows leave at the next one)."""
 
     def __init__(self, takes: int, chunk_frames: int, cancel_hook, t0: float | None = None):
         self.takes = takes
-        self.admitted_at = self.cancelled_at = None
+        self.admitted_at = self.admitted_s = self.cancelled_at = None
         self._chunk_frames = chunk_frames  # a chunk gathers the loop's chunks until it has this many frames
         self._cancel_hook = cancel_hook  # tells the scheduler: free this ticket's rows
         self._t0 = time.perf_counter() if t0 is None else t0  # when the request was submitted
