@@ -38,7 +38,8 @@ from .finished_flags import FinishedFlags
 from .prompt import Prompt
 from .row_source import FixedRows
 from .sampling import SamplingParams
-from .slots import device_longs, prefill_into, trailing_table
+from .slots import prefill_into, trailing_table
+from .transfer import device_longs
 
 
 @dataclass
@@ -227,6 +228,15 @@ def _rows(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
     return x if index is None else x[index]
 
 
+def _mark(device):
+    """An event recorded on the current CUDA stream now (None elsewhere): where a side stream may start reading."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
 def _admit(runner, host: SlotTable, source, device, limit: int = 0) -> list:
     """Fill free slots (at most `limit`, 0 = all) from the source, one prefill for each group it hands out (a
     prompt's takes); returns the rows admitted."""
@@ -332,18 +342,24 @@ def decode_rows(
         held, at_end = tuple(host.row), list(host.frames)
         # The chunk's tensors are made before anything else is queued: a side stream reads them after `ready`.
         codes, valid = torch.stack([f for f, _ in launched], 1), torch.stack([v for _, v in launched], 1)
-        early, ready = [], None  # the next chunk's first frames, launched before this chunk's flags are read
-        if flags is not None and not source.waiting() and host.frames_left() > 0:
+        # A request that waits while slots are free already joins now, before this chunk's flags are read: its
+        # prefill is queued behind the chunk's frames, and the next chunk's first frames (launched ahead) carry it.
+        now_ended, dropped, retired = [], source.dropped(), []
+        early, ready, joined = [], None, []  # the next chunk's first frames, launched before the flags are read
+        joining = source.waiting() and any(r < 0 for r in host.row)
+        snapped = flags is not None and (joining or (not source.waiting() and host.frames_left() > 0))
+        if snapped:
             ready = flags.snapshot()
-            while len(early) < min(ahead, chunk_size(start + n, queued=len(early))):
+        if joining:
+            ready = ready or _mark(device)
+            joined = _admit(runner, host, source, device)
+        if snapped and not source.waiting() and host.frames_left() > 0:
+            while len(early) < min(ahead, chunk_size(start + n, queued=len(early), admitted=joined)):
                 early.append(step())
-            finished = flags.read()
-        else:
-            finished = runner.finished.tolist()  # the one host sync per chunk
+        finished = flags.read() if snapped else runner.finished.tolist()  # the one host sync per chunk
         if events is not None:  # complete now: the sync above waited for them
             timings["prefill_s"] = events[0].elapsed_time(events[1]) / 1000
             events = None
-        now_ended, dropped, retired = [], source.dropped(), []
         for s, r in enumerate(held):
             over = r >= 0 and (finished[s] or at_end[s] >= host.limit[s])
             if r >= 0 and (over or r in dropped):
@@ -358,7 +374,8 @@ def decode_rows(
         chunk = FrameChunk(codes, valid, start, done, held, tuple(now_ended))
         start += n
         if on_frames is not None:
-            running = {r: min(at_end[s], host.limit[s]) for s, r in enumerate(host.row) if r >= 0}
+            running = {r: min(at_end[s], host.limit[s]) if held[s] == r else 0 for s, r in enumerate(host.row)
+                       if r >= 0}
             rows = source.rows
             total = sum(ended.values()) + sum(max(f, rows[r].expected or rows[r].max_frames)
                                               for r, f in running.items())
@@ -368,24 +385,22 @@ def decode_rows(
             timings["batch"] = {"slots": slots, "rows": len(source.rows), "steps": steps,
                                 "occupancy": busy / max(1, steps * slots)}
         launched = []
+        chunk.ready = ready
         if early:
             # The rows that ended in this chunk step on in the early frames as finished rows (no valid
             # frame, their slots -1 from now on); if none is left, the frames are dropped.
-            chunk.ready = ready
             if not done:
-                n = chunk_size(start, queued=len(early))
+                n = chunk_size(start, queued=len(early), admitted=joined)
                 launched = early
         elif prelaunch and not done and not (source.waiting() and any(r < 0 for r in host.row)):
             # The next chunk's first frame goes to the GPU before this chunk is handed on, so the GPU
             # works through the consumer's host time instead of waiting for it. Nothing is guessed: the
             # rows that ended are known, and no row is admitted before it.
-            if device.type == "cuda":
-                chunk.ready = torch.cuda.Event()
-                chunk.ready.record()
-            n = chunk_size(start)
+            chunk.ready = chunk.ready or _mark(device)
+            n = chunk_size(start, admitted=joined)
             launched.append(step())
         yield chunk
         if done:
             return
         if not launched:
-            n = chunk_size(start, admitted=_admit(runner, host, source, device))
+            n = chunk_size(start, admitted=joined + _admit(runner, host, source, device))
