@@ -27,6 +27,7 @@ import contextlib
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +38,7 @@ from real_length_script import script  # noqa: E402
 from timing import percentile, write_json  # noqa: E402
 
 PHASES = ("frames", "admit", "codec")
+WORKERS = 32  # threads that submit and read the arrivals (more than ever run at once at the rates measured)
 SPEAKER = "ryan"
 
 
@@ -137,8 +139,8 @@ class Load:
 
 
 class Arrivals:
-    """Poisson arrivals at `rate` a second for `seconds` (each request in a thread of its own, as the server's
-    handlers are), every request's first audio timed in parts; run() returns when the last one has ended."""
+    """Poisson arrivals at `rate` a second for `seconds` (each request submitted and read to its end by a worker
+    thread), every request's first audio timed in parts; run() returns when the last one has ended."""
 
     PARTS = ("prepare", "wait", "join", "first")
 
@@ -150,15 +152,14 @@ class Arrivals:
         self.lock, self.records, self.errors = threading.Lock(), [], []
 
     def run(self) -> None:
-        threads, n, at = [], 0, self.rng.expovariate(self.rate)
-        start = time.perf_counter()
-        while at < self.seconds:
-            time.sleep(max(0.0, start + at - time.perf_counter()))
-            threads.append(threading.Thread(target=self._one, args=(n,), daemon=True))
-            threads[-1].start()
-            n, at = n + 1, at + self.rng.expovariate(self.rate)
-        for t in threads:
-            t.join(120)
+        # A pool, as the server's executor: every new thread that builds a prompt on a GPU takes a cuBLAS handle.
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            n, at = 0, self.rng.expovariate(self.rate)
+            start = time.perf_counter()
+            while at < self.seconds:
+                time.sleep(max(0.0, start + at - time.perf_counter()))
+                pool.submit(self._one, n)
+                n, at = n + 1, at + self.rng.expovariate(self.rate)
 
     def _one(self, n: int) -> None:
         req, frames = self.mix[n % len(self.mix)]

@@ -13,6 +13,7 @@ import torch
 from . import checks
 from .config import ModelConfig
 from .errors import InvalidInputError, ModeError
+from .transfer import device_longs, to_device
 from .voice import Voice
 
 log = logging.getLogger(__name__)
@@ -122,13 +123,13 @@ class PromptBuilder:
         return self.talker.model.codec_embedding.weight.device
 
     def _ids(self, text: str) -> torch.Tensor:
-        return torch.tensor(self.tok.encode(text), dtype=torch.long, device=self._device())
+        return device_longs(self.tok.encode(text), self._device())
 
     def _once(self, embed, ids: tuple) -> torch.Tensor:
         """embed(ids) [len(ids), H], made at the first call and then shared by every prompt (read only)."""
         key = (embed.__name__, ids)
         if key not in self._fixed:
-            self._fixed[key] = embed(torch.tensor(ids, dtype=torch.long, device=self._device()))
+            self._fixed[key] = embed(device_longs(list(ids), self._device()))
         return self._fixed[key]
 
     def forget(self) -> None:
@@ -150,7 +151,7 @@ class PromptBuilder:
 
     def frame_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
         """Sum of the 16 codebook embeddings of each frame, [R, 16] -> [R, H]."""
-        codes = codes.to(self.talker.model.codec_embedding.weight.device)
+        codes = to_device(codes, self._device())
         return self.talker.code_predictor.residual_embedding_sum(codes[:, 1:], self.talker.embed_codec(codes[:, 0]))
 
     @torch.inference_mode()
@@ -189,7 +190,7 @@ class PromptBuilder:
             if voice is None:
                 raise InvalidInputError("voice clone needs a voice: extract one from reference audio first.")
             voice.check_compatible(cfg)
-            parts.append(voice.spk_embedding.to(parts[0].device, parts[0].dtype).view(1, -1))
+            parts.append(to_device(voice.spk_embedding, parts[0].device).to(parts[0].dtype).view(1, -1))
         elif speaker is not None:
             parts.append(self._codec([tc.speaker_ids[speaker]]))
         parts.append(self._codec([tc.codec_pad_id, tc.codec_bos_id]))
@@ -200,7 +201,7 @@ class PromptBuilder:
         if len(tokens) < 9:
             raise InvalidInputError("the text produced no tokens; type the words to speak.")
         role = self._fixed_text(tuple(tokens[:3]))
-        text_ids = torch.tensor(tokens[3:-5], dtype=torch.long, device=self._device())
+        text_ids = device_longs(tokens[3:-5], self._device())
         head = torch.cat([pad.expand(n - 2, -1), bos[None]], 0) + codec_prefix[:-1]
         seq = [role, head]
         if instruct:

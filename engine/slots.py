@@ -1,6 +1,5 @@
-"""Putting a row into a batch slot: its prompt prefilled into the slot's cache rows, its trailing-text table,
-and slot indices on the device. Shared by the decode loop's eager runner (engine/decode.py) and the CUDA-graph
-runner (engine/gpu/frame_graph.py)."""
+"""Putting a row into a batch slot: its prompt prefilled into the slot's cache rows and its trailing-text table.
+Shared by the decode loop's eager runner (engine/decode.py) and the CUDA-graph runner (engine/gpu/frame_graph.py)."""
 from __future__ import annotations
 
 import torch
@@ -16,13 +15,6 @@ def prefill_into(talker, prompt: Prompt, cache, slots: list) -> torch.Tensor:
     hidden = talker.forward_hidden(prompt.prefill, single, 0)[:, -1]
     cache.copy_rows_from(single, length, rows=slots)
     return hidden
-
-
-def device_longs(values: list, device) -> torch.Tensor:
-    """A long tensor of `values` on `device`. On CUDA it goes through pinned memory without blocking: a copy
-    from pageable memory waits for all work queued on the stream (during a run, the frames queued ahead)."""
-    host = torch.tensor(values, dtype=torch.long)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 def trailing_table(prompt: Prompt, max_frames: int) -> torch.Tensor:

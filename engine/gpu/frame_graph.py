@@ -28,7 +28,8 @@ import torch
 from .. import sampling
 from ..kernels.attention import position_bias
 from ..model.kv_cache import runs
-from ..slots import device_longs, prefill_into, trailing_table
+from ..slots import prefill_into, trailing_table
+from ..transfer import device_longs
 from .buckets import BATCH_BUCKETS, batch_bucket, bucket_for
 from .capture import capture
 from .fused_layers import FusedStack

@@ -114,7 +114,7 @@ def test_only_the_shim_imports_comfy_api():
 LAYERS = ["base", "kernels", "model", "gpu", "decode", "engine", "cli"]
 LAYER_OF = {
     "engine.errors": "base", "engine.checks": "base", "engine.config": "base", "engine.config_fields": "base",
-    "engine.sampling": "base", "engine.limits": "base", "engine.files": "base",
+    "engine.sampling": "base", "engine.limits": "base", "engine.files": "base", "engine.transfer": "base",
     "engine.kernels": "kernels",
     "engine.model": "model", "engine.codec": "model", "engine.checkpoint": "model", "engine.audio": "model",
     "engine.voice": "model", "engine.voice_blend": "model", "engine.prompt": "model",
