@@ -285,7 +285,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--streams", type=int, default=64, help="closed-loop callers (0: no saturated windows)")
     ap.add_argument("--rates", type=float, nargs="*", default=[], help="Poisson arrivals a second, a window each")
-    ap.add_argument("--boundary-frames", type=int, default=4, help="the scheduler's chunk_frames, as the server's")
+    ap.add_argument("--boundary-frames", type=int, default=2, help="the scheduler's chunk_frames, as the server's")
     ap.add_argument("--warm-s", type=float, default=3.0, help="s of load before measuring")
     ap.add_argument("--seconds", type=float, default=5.0, help="s of each measured window (of arrivals, for a rate)")
     for opt in ("device", "dtype", "cuda-graphs", "triton"):

@@ -60,7 +60,7 @@ class Served:
 
 
 class Backend:
-    def __init__(self, engine, max_queue: int = 16, max_rows: int | None = None, boundary_frames: int = 4):
+    def __init__(self, engine, max_queue: int = 16, max_rows: int | None = None, boundary_frames: int = 2):
         self.engine = engine
         self.counts = Counts()
         self.scheduler = Scheduler(engine, max_rows=max_rows, max_queue=max_queue, chunk_frames=boundary_frames)

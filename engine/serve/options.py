@@ -26,7 +26,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                         "The graphs of that many rows are captured at load, and each row holds a K/V cache")
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for free rows; past it a "
                                                              "request gets 503")
-    p.add_argument("--boundary-frames", type=int, default=4,
+    p.add_argument("--boundary-frames", type=int, default=2,
                    help="frames between the points where waiting requests join the running ones; fewer: earlier "
                         "first audio under load, more pauses of the decode loop")
     p.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk (12.5 frames a second)")
