@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -64,6 +65,11 @@ class Scheduler:
         self._boundary = 0  # chunk boundaries the loop has passed (Ticket.admitted_at counts in these)
         self._closed = False
         self._source = _OpenRows(self)
+        # Threads of their own for the work callers hand over from an event loop: on a GPU every thread that runs
+        # a matmul keeps a cuBLAS workspace (32 MiB on Hopper) for the life of the process, so the event loop's
+        # default pool, which starts threads as it needs them, grew the memory request after request.
+        self._prompts = ThreadPoolExecutor(1, thread_name_prefix="qwen3tts-prompts")  # submit_async
+        self._beside = ThreadPoolExecutor(1, thread_name_prefix="qwen3tts-beside")  # run_beside
         self._precapture()
         self._thread = threading.Thread(target=self._run, name="qwen3tts-scheduler", daemon=True)
         self._thread.start()
@@ -127,12 +133,25 @@ class Scheduler:
         chunk_frames is lowered to it."""
         first = options.get("first_chunk_frames", 0)
         options["first_chunk_frames"] = min(first, self.chunk_frames)
-        work = asyncio.get_running_loop().run_in_executor(None, functools.partial(self.submit, what, **options))
+        work = self._hand_over(self._prompts, functools.partial(self.submit, what, **options))
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
             work.add_done_callback(_cancel_on_arrival)
             raise
+
+    async def run_beside(self, fn, *args):
+        """fn(*args) from an asyncio event loop, in this scheduler's worker thread for engine work that runs beside
+        the decode loop (Engine.extract_voice_beside_decode): one thread, so one cuBLAS workspace."""
+        return await self._hand_over(self._beside, functools.partial(fn, *args))
+
+    def _hand_over(self, pool: ThreadPoolExecutor, call) -> asyncio.Future:
+        self._check_room()
+        try:
+            return asyncio.get_running_loop().run_in_executor(pool, call)
+        except RuntimeError:  # the pool was shut down by close() meanwhile
+            raise SchedulerClosedError("this scheduler was closed; create a new Scheduler to submit "
+                                       "requests.") from None
 
     def _check_room(self) -> None:
         with self._cond:
@@ -160,6 +179,8 @@ class Scheduler:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._fail_all(list(self._live))
+        for pool in (self._prompts, self._beside):
+            pool.shutdown(wait=False)
 
     def __enter__(self):
         return self

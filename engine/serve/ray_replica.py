@@ -6,7 +6,6 @@ CPU tensors), the model card, and each chunk as a `Piece` of float32 numpy audio
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from typing import NamedTuple
 
@@ -103,7 +102,7 @@ class EngineReplica:
         """A voice from uploaded audio, made beside the decode loop (speaker and codec encoders only) in a worker
         thread, returned with CPU tensors so that it unpickles on a front without a GPU."""
         engine = self._loaded()
-        voice = await asyncio.to_thread(engine.extract_voice_beside_decode, waveform, sample_rate, ref_text)
+        voice = await self.scheduler.run_beside(engine.extract_voice_beside_decode, waveform, sample_rate, ref_text)
         cpu = {f.name: getattr(voice, f.name).cpu() for f in dataclasses.fields(voice)
                if hasattr(getattr(voice, f.name), "cpu")}
         return dataclasses.replace(voice, **cpu)

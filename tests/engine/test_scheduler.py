@@ -233,6 +233,37 @@ def test_async_iteration_and_chunk_sizes(no_eos):
     assert torch.equal(torch.cat([c.codes for c in plain]), no_eos.generate(req, seed=9, params=p).codes[0])
 
 
+def test_event_loop_callers_hand_work_to_two_threads_of_the_scheduler(no_eos, monkeypatch):
+    """submit_async builds every prompt in one thread of the scheduler's, run_beside runs in one other (on a GPU,
+    each thread that runs a matmul keeps a cuBLAS workspace for good, so a pool that grows would grow the
+    memory); after close() both refuse with SchedulerClosedError."""
+    import threading
+
+    threads = []
+    real = no_eos.prepare
+
+    def prepare(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(no_eos, "prepare", prepare)
+    p = no_eos.defaults.replace(max_new_tokens=3)
+
+    async def callers(s):
+        tickets = await asyncio.gather(*(s.submit_async(_custom(f"Caller {i}."), seed=i, params=p) for i in range(6)))
+        for t in tickets:
+            [c async for c in t]
+        return await asyncio.gather(*(s.run_beside(lambda: threading.current_thread().name) for _ in range(3)))
+
+    with Scheduler(no_eos, max_rows=2, chunk_frames=2) as s:
+        beside = asyncio.run(callers(s))
+    assert len(threads) == 6 and len(set(threads)) == 1 and threads[0].startswith("qwen3tts-prompts")
+    assert len(set(beside)) == 1 and beside[0].startswith("qwen3tts-beside")
+    for call in (lambda: s.submit_async(_custom("Too late.")), lambda: s.run_beside(print)):
+        with pytest.raises(SchedulerClosedError):
+            asyncio.run(call())
+
+
 def test_bad_submissions_raise_at_once(no_eos):
     with Scheduler(no_eos, max_rows=2, chunk_frames=4) as s:
         with pytest.raises(InvalidInputError, match="speaker"):

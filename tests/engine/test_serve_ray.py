@@ -48,7 +48,7 @@ def _deploy(path, replicas: int, app: str, **kwargs):
 
     # the in-process server's rows and boundaries (its Backend's defaults), so both decode alike
     return deploy(path, LOAD, replicas=replicas, app=app, **{"max_takes": 4, "max_rows": 4, "max_queue": 8,
-                                                             "boundary_frames": 4, **kwargs})
+                                                             "boundary_frames": 2, **kwargs})
 
 
 @pytest.fixture(scope="module")
