@@ -3,7 +3,7 @@ sentence mix, under a closed loop of many streams, and one request at a time aga
 
     python bench/serve_bench.py --out DIR [--configs 0.6b:custom_voice 1.7b:custom_voice 0.6b:base | --model DIR]
         [--rates 1 5 10 20 40] [--duration 10] [--requests 0] [--saturation 64] [--saturation-s 10] [--alone 8]
-        [--clone saved|upload] [--device cuda] [--max-rows 16] [--boundary-frames 4] [ANY OTHER SERVE OPTION]
+        [--clone saved|upload] [--device cuda] [--max-rows 16] [--boundary-frames 2] [ANY OTHER SERVE OPTION]
 
 Each config gets a fresh server process (options the bench does not know go to it unchanged). `--configs`
 writes real-size random checkpoints (EOS disabled, in $BENCH_CKPT_DIR like the other benches), so each request
