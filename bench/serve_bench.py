@@ -382,7 +382,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-queue", type=int, default=128, help="the server's; above --saturation, so no stream "
                                                               "is refused")
     ap.add_argument("--chunk-frames", type=int, default=8)
-    ap.add_argument("--first-chunk-frames", type=int, default=2)
+    ap.add_argument("--first-chunk-frames", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--name", default="", help="file name suffix (default: the GPU's short name, or cpu)")
     args, server_args = ap.parse_known_args(argv)

@@ -131,14 +131,18 @@ async def soak(url: str, actions: list, concurrency: int, exact: bool) -> list:
 
 
 async def warm_up(url: str, voice: str, frames: tuple[int, int], concurrency: int) -> None:
-    """Requests of the soak's shortest and longest length, alone and `concurrency` at once, so whatever the
-    server allocates once (the graphs of as many rows as the soak holds at once) has been allocated before the
-    memory baseline."""
+    """Requests of the soak's shortest and longest length, alone and `concurrency` at once, and one in each
+    language of the mix, so whatever the server allocates once (the graphs of as many rows as the soak holds at
+    once; each language's tag embeddings, made at its first prompt) has been allocated before the memory
+    baseline."""
     async with session() as client:
         for count in frames:
             body = {"input": "A warm-up line.", "voice": voice, "max_new_tokens": count, "stream": True}
             await speech(client, url, body)
             await asyncio.gather(*(speech(client, url, {**body, "seed": s}) for s in range(concurrency)))
+        for language, text in {language: text for language, text in SCRIPT}.items():
+            await speech(client, url, {"input": text, "language": language, "voice": voice,
+                                       "max_new_tokens": frames[0], "stream": True})
         await wait_idle(client, url)
 
 

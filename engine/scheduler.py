@@ -91,8 +91,9 @@ class Scheduler:
                params=None, chunk_frames: int | None = None, first_chunk_frames: int = 0) -> Ticket:
         """Queue one request (a Request, or a BatchItem carrying its takes, seed, first_take and frame budget)
         and return its Ticket at once. The request is checked and its prompt built here, so a bad request
-        raises its error from submit(). `chunk_frames` (None: the scheduler's) gathers the loop's chunks
-        into chunks of at least that many frames; `first_chunk_frames` (1..the scheduler's chunk_frames,
+        raises its error from submit(). `chunk_frames` (None: the scheduler's) is the most frames a chunk
+        gathers from the loop's chunks: after the first, each chunk gathers twice the frames of the one before,
+        up to it (Ticket._put); `first_chunk_frames` (1..the scheduler's chunk_frames,
         0 = off) shortens the loop's chunk after the request joins, for earlier first audio.
         Raises QueueFullError when max_queue requests wait already, SchedulerClosedError after close()."""
         t0, max_new_tokens = time.perf_counter(), None

@@ -30,7 +30,7 @@ class Ticket:
     def __init__(self, takes: int, chunk_frames: int, cancel_hook, t0: float | None = None):
         self.takes = takes
         self.admitted_at = self.admitted_s = self.cancelled_at = None
-        self._chunk_frames = chunk_frames  # a chunk gathers the loop's chunks until it has this many frames
+        self._chunk_frames = chunk_frames  # the most frames a chunk gathers from the loop's chunks
         self._cancel_hook = cancel_hook  # tells the scheduler: free this ticket's rows
         self._t0 = time.perf_counter() if t0 is None else t0  # when the request was submitted
         self._cond = threading.Condition()
@@ -40,6 +40,7 @@ class Ticket:
         self._waiters: list = []  # (event loop, future) of async consumers waiting for the next chunk
         self._gathered = [[] for _ in range(takes)]  # a take's (audio, codes) not handed out yet
         self._count = [0] * takes
+        self._last = [0] * takes  # frames of the take's last chunk handed out
 
     # -- the consumer's side -------------------------------------------------------------------------
 
@@ -114,12 +115,15 @@ class Ticket:
         self._waiters.clear()
 
     def _put(self, take: int, audio: torch.Tensor, codes: torch.Tensor, final: bool) -> None:
-        """Take `take`'s next audio and codes from the loop; handed out at once for the take's first chunk,
-        later once they hold chunk_frames frames, and at the take's end."""
+        """Take `take`'s next audio and codes from the loop. A take's first chunk goes out at once (first audio);
+        each later one gathers twice the frames of the one before, up to chunk_frames (1, 2, 4, 8, 8, ... after
+        a one-frame first chunk), so the listener holds more audio than the next chunk takes to make; the end
+        goes out at once."""
         gathered = self._gathered[take]
         gathered.append((audio, codes))
-        if not final and self._count[take] > 0 and sum(c.shape[0] for _, c in gathered) < self._chunk_frames:
-            return  # a take's first chunk goes out at once (first audio), later ones gather
+        want = min(self._chunk_frames, max(1, 2 * self._last[take]))
+        if not final and self._count[take] > 0 and sum(c.shape[0] for _, c in gathered) < want:
+            return
         audio = torch.cat([a for a, _ in gathered]) if len(gathered) > 1 else audio
         codes = torch.cat([c for _, c in gathered]) if len(gathered) > 1 else codes
         gathered.clear()
@@ -129,6 +133,7 @@ class Ticket:
             self._ready.append(Chunk(item=0, take=take, audio=audio, codes=codes, index=self._count[take],
                                      final=final, elapsed_s=time.perf_counter() - self._t0))
             self._count[take] += 1
+            self._last[take] = codes.shape[0]
             if final:
                 self._open_takes -= 1
             self._wake()

@@ -24,7 +24,7 @@ OPEN_PATHS = ("/health",)  # answer without the API key: a load balancer's probe
 class Settings:
     api_key: str | None = None
     chunk_frames: int = 8
-    first_chunk_frames: int = 2
+    first_chunk_frames: int = 1
     max_body: int = 32 << 20  # bytes of a request body: room for a minute of reference audio as base64 WAV
 
 

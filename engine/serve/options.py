@@ -30,7 +30,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                    help="frames between the points where waiting requests join the running ones; fewer: earlier "
                         "first audio under load, more pauses of the decode loop")
     p.add_argument("--chunk-frames", type=int, default=8, help="frames per streamed chunk (12.5 frames a second)")
-    p.add_argument("--first-chunk-frames", type=int, default=2,
+    p.add_argument("--first-chunk-frames", type=int, default=1,
                    help="frames of the first chunk, for earlier first audio; 0: as long as the others")
     p.add_argument("--ray", action="store_true", help="serve through engine replicas on Ray Serve, one per GPU of the "
                                                       "Ray cluster (needs pip install \"ray[serve]\")")
@@ -55,11 +55,11 @@ def check_serve_args(args) -> None:
                         "every request's takes must fit the rows: give --max-rows at least --max-takes.")
     checks.whole_number("--max-queue", args.max_queue, 1, 1 << 16)
     checks.whole_number("--boundary-frames", args.boundary_frames, 1, MAX_NEW_TOKENS,
-                        "4 frames (0.32 s) is typical.")
+                        "2 frames (0.16 s) is typical.")
     checks.whole_number("--chunk-frames", args.chunk_frames, 1, MAX_NEW_TOKENS, "8 frames (0.64 s) is typical.")
     checks.whole_number("--first-chunk-frames", args.first_chunk_frames, 0,
                         min(args.chunk_frames, args.boundary_frames),
-                        "0 makes the first chunk as long as the others; 2 gives the earliest first audio. It is at "
+                        "0 makes the first chunk as long as the others; 1 gives the earliest first audio. It is at "
                         "most --chunk-frames and --boundary-frames.")
     if args.voices is not None and not args.voices.is_dir():
         raise InvalidInputError(f"--voices {args.voices} is not a folder; give the folder that holds the saved "

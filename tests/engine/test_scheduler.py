@@ -216,19 +216,20 @@ def test_a_loop_that_dies_ends_its_requests_and_refuses_more(no_eos):
 
 
 def test_async_iteration_and_chunk_sizes(no_eos):
-    """`async for` gives the same chunks as `for`; a first chunk of first_chunk_frames, then chunks gathered to
-    the request's chunk_frames."""
+    """`async for` gives the same chunks as `for`; a first chunk of first_chunk_frames, then chunks that gather
+    twice the frames of the one before, up to the request's chunk_frames (the listener holds more audio than the
+    next chunk takes to make), and the rest at the end."""
     p = no_eos.defaults.replace(max_new_tokens=21)
     req = _custom("Streamed to an event loop.")
 
     async def consume(ticket):
         return [c async for c in ticket]
 
-    with Scheduler(no_eos, max_rows=2, chunk_frames=4) as s:
+    with Scheduler(no_eos, max_rows=2, chunk_frames=2) as s:
         chunks = asyncio.run(consume(s.submit(req, seed=9, params=p, chunk_frames=8, first_chunk_frames=1)))
         plain = list(s.submit(req, seed=9, params=p))
-    assert [c.codes.shape[0] for c in chunks] == [1, 8, 8, 4]
-    assert [c.codes.shape[0] for c in plain] == [4, 4, 4, 4, 4, 1]
+    assert [c.codes.shape[0] for c in chunks] == [1, 2, 4, 8, 6]
+    assert [c.codes.shape[0] for c in plain] == [2] * 10 + [1]
     assert torch.equal(torch.cat([c.codes for c in chunks]), torch.cat([c.codes for c in plain]))
     assert torch.equal(torch.cat([c.codes for c in plain]), no_eos.generate(req, seed=9, params=p).codes[0])
 
