@@ -1,6 +1,6 @@
 """Where a decode frame spends its GPU time: per-kernel totals of one frame, and GEMV bandwidth.
 
-    python bench/profile_frame.py --out DIR [--size 0.6b] [--takes 1] [--triton auto]
+    python bench/profile_frame.py --out DIR [--size 0.6b] [--takes 1] [--triton auto]   # --takes 64: a server's rows
 
 Loads a real-size random CustomVoice checkpoint (built like bench/gpu_bench.py), decodes a short request
 to capture the graphs, then
@@ -90,18 +90,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--size", default="0.6b")
-    ap.add_argument("--takes", type=int, default=1)
+    ap.add_argument("--takes", type=int, default=1, help="rows of the frame, up to 64 (past 16, several requests)")
     ap.add_argument("--triton", default="auto")
     ap.add_argument("--frames", type=int, default=64)
     args = ap.parse_args()
     from gpu_bench import TEXT, checkpoint
 
-    from engine import Engine, Request
+    from engine import BatchItem, Engine, Request
+    from engine.limits import MAX_TAKES
 
     eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton=args.triton,
-                      max_seq_len=1024)
+                      max_seq_len=1024, max_takes=args.takes)
     req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
-    eng.generate(req, takes=args.takes, seed=0, params=eng.defaults.replace(max_new_tokens=args.frames))
+    # A request holds at most MAX_TAKES takes: more rows (a server's 64) come as several requests in one batch.
+    sizes = [min(MAX_TAKES, args.takes - i) for i in range(0, args.takes, MAX_TAKES)]
+    eng.generate([BatchItem(req, takes=n, seed=k) for k, n in enumerate(sizes)],
+                 params=eng.defaults.replace(max_new_tokens=args.frames))
     runner = eng.runner
     ms = frame_ms(runner)
     rows = kernel_table(eng)
