@@ -147,12 +147,12 @@ class Scheduler:
         return await self._hand_over(self._beside, functools.partial(fn, *args))
 
     def _hand_over(self, pool: ThreadPoolExecutor, call) -> asyncio.Future:
-        self._check_room()
         try:
-            return asyncio.get_running_loop().run_in_executor(pool, call)
+            if not self._closed:
+                return asyncio.get_running_loop().run_in_executor(pool, call)
         except RuntimeError:  # the pool was shut down by close() meanwhile
-            raise SchedulerClosedError("this scheduler was closed; create a new Scheduler to submit "
-                                       "requests.") from None
+            pass
+        raise SchedulerClosedError("this scheduler was closed; create a new Scheduler to submit requests.")
 
     def _check_room(self) -> None:
         with self._cond:

@@ -82,7 +82,8 @@ class Backend:
 
     async def extract_voice(self, waveform, sample_rate: int, ref_text: str | None):
         """A voice from uploaded audio. It uses the speaker and codec encoders only, so it runs beside the loop."""
-        return await self.scheduler.run_beside(self.engine.extract_voice_beside_decode, waveform, sample_rate, ref_text)
+        return await self.scheduler.run_beside(self.engine.extract_voice_beside_decode, waveform, sample_rate,
+                                               ref_text)
 
     @property
     def max_queue(self) -> int:
