@@ -38,6 +38,7 @@ from real_length_script import script  # noqa: E402
 from timing import percentile, write_json  # noqa: E402
 
 PHASES = ("frames", "admit", "codec")
+FIRST_CHUNK = 2  # frames of a request's first chunk
 WORKERS = 32  # threads that submit and read the arrivals (more than ever run at once at the rates measured)
 SPEAKER = "ryan"
 
@@ -99,6 +100,12 @@ def sentences() -> list:
             for lang, text, frames in script()]
 
 
+def submit(scheduler, engine, mix: list, n: int):
+    """The mix's n-th sentence (seed n) to the scheduler, for its natural length, as the benches' requests ask."""
+    req, frames = mix[n % len(mix)]
+    return scheduler.submit(req, seed=n, params=engine.defaults.capped(frames), first_chunk_frames=FIRST_CHUNK)
+
+
 class Load:
     """`streams` callers, each submitting the next sentence of the mix when its last one ends."""
 
@@ -114,9 +121,8 @@ class Load:
         n = i
         rate = self.engine.sample_rate
         while not self.stop:
-            req, frames = self.mix[n % len(self.mix)]
             try:
-                ticket = self.s.submit(req, seed=n, params=self.engine.defaults.capped(frames), first_chunk_frames=2)
+                ticket = submit(self.s, self.engine, self.mix, n)
                 for chunk in ticket:
                     with self.lock:
                         self.audio_s += chunk.audio.numel() / rate
@@ -162,9 +168,8 @@ class Arrivals:
                 n, at = n + 1, at + self.rng.expovariate(self.rate)
 
     def _one(self, n: int) -> None:
-        req, frames = self.mix[n % len(self.mix)]
         try:
-            ticket = self.s.submit(req, seed=n, params=self.engine.defaults.capped(frames), first_chunk_frames=2)
+            ticket = submit(self.s, self.engine, self.mix, n)
             prepared = time.perf_counter() - ticket._t0
             first = next(iter(ticket)).elapsed_s
             for _ in ticket:

@@ -16,6 +16,7 @@ stream() calls still run (and the scheduler waits for them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -147,11 +148,10 @@ class Scheduler:
         return await self._hand_over(self._beside, functools.partial(fn, *args))
 
     def _hand_over(self, pool: ThreadPoolExecutor, call) -> asyncio.Future:
-        try:
-            if not self._closed:
-                return asyncio.get_running_loop().run_in_executor(pool, call)
-        except RuntimeError:  # the pool was shut down by close() meanwhile
-            pass
+        loop = asyncio.get_running_loop()
+        if not self._closed:
+            with contextlib.suppress(RuntimeError):  # the pool was shut down by close() meanwhile
+                return loop.run_in_executor(pool, call)
         raise SchedulerClosedError("this scheduler was closed; create a new Scheduler to submit requests.")
 
     def _check_room(self) -> None:
@@ -179,9 +179,7 @@ class Scheduler:
             self._cond.notify_all()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        self._fail_all(list(self._live))
-        for pool in (self._prompts, self._beside):
-            pool.shutdown(wait=False)
+        self._end_all()
 
     def __enter__(self):
         return self
@@ -230,8 +228,14 @@ class Scheduler:
             log.exception("the scheduler's loop stopped")
             with self._cond:
                 self._closed = True
-            self._fail_all(list(self._live), SchedulerClosedError(
+            self._end_all(SchedulerClosedError(
                 f"the scheduler stopped ({type(error).__name__}: {error}); create a new Scheduler."))
+
+    def _end_all(self, error: BaseException | None = None) -> None:
+        """Once closed: every request left ends with `error` (default: closed), and the worker threads go."""
+        self._fail_all(list(self._live), error)
+        for pool in (self._prompts, self._beside):
+            pool.shutdown(wait=False)
 
     def _loop(self) -> None:
         engine = self.engine
