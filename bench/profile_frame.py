@@ -1,6 +1,7 @@
 """Where a decode frame spends its GPU time: per-kernel totals of one frame, and GEMV bandwidth.
 
-    python bench/profile_frame.py --out DIR [--size 0.6b] [--takes 1] [--triton auto]   # --takes 64: a server's rows
+    python bench/profile_frame.py --out DIR [--size 0.6b] [--takes 1] [--triton auto] [--batch-invariant]
+    # --takes 64: a server's rows
 
 Loads a real-size random CustomVoice checkpoint (built like bench/gpu_bench.py), decodes a short request
 to capture the graphs, then
@@ -10,7 +11,7 @@ to capture the graphs, then
     and the summed kernel time is launch latency and gaps;
   * times torch's linear at the decode shapes with weights rotated through more memory than L2 holds,
     so the figure is HBM bandwidth, not cache.
-Writes DIR/profile_<size>_b<takes>_<triton>.json and prints the tables.
+Writes DIR/profile_<size>_b<takes>_<triton>[_invariant].json and prints the tables.
 """
 from __future__ import annotations
 
@@ -93,6 +94,8 @@ def main() -> None:
     ap.add_argument("--takes", type=int, default=1, help="rows of the frame, up to 64 (past 16, several requests)")
     ap.add_argument("--triton", default="auto")
     ap.add_argument("--frames", type=int, default=64)
+    ap.add_argument("--batch-invariant", action="store_true", help="load with batch_invariant (launches planned as "
+                                                                   "for 64 rows)")
     args = ap.parse_args()
     from gpu_bench import TEXT, checkpoint
 
@@ -100,7 +103,7 @@ def main() -> None:
     from engine.limits import MAX_TAKES
 
     eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton=args.triton,
-                      max_seq_len=1024, max_takes=args.takes)
+                      max_seq_len=1024, max_takes=args.takes, batch_invariant=args.batch_invariant)
     req = Request(mode="custom", text=TEXT, language="English", speaker="ryan")
     # A request holds at most MAX_TAKES takes: more rows (a server's 64) come as several requests in one batch.
     sizes = [min(MAX_TAKES, args.takes - i) for i in range(0, args.takes, MAX_TAKES)]
@@ -112,11 +115,13 @@ def main() -> None:
     total_us = sum(r["us"] for r in rows)
     count = sum(r["count"] for r in rows)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "size": args.size,
-              "takes": args.takes, "triton": args.triton, "kernels": eng.info.kernels,
+              "takes": args.takes, "triton": args.triton, "batch_invariant": args.batch_invariant,
+              "kernels": eng.info.kernels,
               "graph_ms_per_frame": round(ms, 3), "kernels_per_frame": count,
               "summed_kernel_us": round(total_us, 1), "by_kernel": rows,
               "gemv": gemv_bandwidth(torch.bfloat16, args.takes)}
-    print(f"{args.size} B={args.takes} triton={args.triton}: graph {ms:.3f} ms/frame, {count} kernels, "
+    print(f"{args.size} B={args.takes} triton={args.triton} batch_invariant={args.batch_invariant}: "
+          f"graph {ms:.3f} ms/frame, {count} kernels, "
           f"summed kernel time {total_us / 1000:.3f} ms")
     for r in rows[:45]:
         print(f"{r['count']:5d} {r['us']:9.1f} us {100 * r['us'] / total_us:5.1f}%  {r['kernel']}")
@@ -124,7 +129,8 @@ def main() -> None:
         print(f"linear M={r['M']} N={r['N']} K={r['K']}: {r['us']} us, {r['GBps']} GB/s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / f"profile_{args.size}_b{args.takes}_{args.triton}.json", result)
+    name = f"profile_{args.size}_b{args.takes}_{args.triton}{'_invariant' if args.batch_invariant else ''}"
+    write_json(out / f"{name}.json", result)
 
 
 if __name__ == "__main__":

@@ -127,12 +127,15 @@ def add_load_options(p: argparse.ArgumentParser, model_help: str, required: bool
                    help="capture the decode step as CUDA graphs (GPU only); on: an error where impossible")
     p.add_argument("--triton", default="auto", choices=SWITCHES,
                    help="fused Triton kernels (GPU only); on: an error where unavailable")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="each row decodes to the same codes whatever rows run beside it, in bf16 too (a served request "
+                        "equals it served alone); needs the Triton kernels, and costs speed at few rows")
 
 
 def load_options(args) -> dict:
     """Engine.load's keyword arguments from the load options (add_load_options)."""
     return {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs, "triton": args.triton,
-            "codec_dir": args.codec_dir}
+            "codec_dir": args.codec_dir, "batch_invariant": args.batch_invariant}
 
 
 def check_load_args(args) -> None:

@@ -34,6 +34,9 @@ class EngineConfig:
                  checkpoint's own, or a compatible sibling's when it has none
     warm_takes   with CUDA graphs, the load also captures the graphs of this many rows, so calls of up to
                  this many rows never wait for a capture (each row holds its own K/V cache)
+    batch_invariant  every row decodes to the same codes whatever rows run beside it (a request served under
+                 load equals it served alone, in bf16 too): the Triton kernels plan each launch as for the
+                 largest batch. Needs the Triton kernels; a frame of few rows costs more (docs/BENCHMARKS.md)
     """
 
     model_dir: str
@@ -45,6 +48,7 @@ class EngineConfig:
     max_seq_len: int = 4096
     codec_dir: str = ""
     warm_takes: int = 1
+    batch_invariant: bool = False
 
     def __post_init__(self):
         # Paths are kept as absolute strings: two spellings of one folder are one cache key.
@@ -74,6 +78,9 @@ class EngineConfig:
             value = getattr(self, field)
             if not isinstance(value, str) or value not in SWITCHES:
                 raise UnsupportedConfigError(f"{name(field)} must be one of {', '.join(SWITCHES)} (got {value!r}).")
+        if not isinstance(self.batch_invariant, bool):
+            raise UnsupportedConfigError(f"{name('batch_invariant')} must be true or false "
+                                         f"(got {self.batch_invariant!r}).")
         checks.whole_number(name("max_takes"), self.max_takes, 1, MAX_ROWS)
         checks.whole_number(name("warm_takes"), self.warm_takes, 1, self.max_takes,
                             f"It cannot exceed {name('max_takes')}.")

@@ -13,6 +13,7 @@ from .decode import Row, decode_rows
 from .engine_config import EngineConfig
 from .errors import InvalidInputError, UnsupportedConfigError
 from .gpu.buckets import warm_buckets
+from .limits import MAX_ROWS
 from .prompt import MODE_OF_MODEL, Request
 from .voice import Voice
 
@@ -98,9 +99,13 @@ def load_engine(engine_cls, config: EngineConfig):
     if config.cuda_graphs == "on" and dev.type != "cuda":
         raise UnsupportedConfigError("CUDA graphs need a CUDA device; set cuda_graphs to auto or off, or use device cuda.")
     try:
-        ks, kernel_note = kernels.select(config.triton, dev)
+        ks, kernel_note = kernels.select(config.triton, dev, plan_rows=MAX_ROWS if config.batch_invariant else None)
     except kernels.KernelUnavailableError as exc:
         raise UnsupportedConfigError(f"{exc}. Set triton to auto or off.") from exc
+    if config.batch_invariant and not ks:  # the torch ops pick their own sum order by shape
+        raise UnsupportedConfigError(f"batch_invariant needs the Triton kernels, and here they do not run "
+                                     f"({kernel_note}). Load on a CUDA GPU with triton auto or on, or without "
+                                     "batch_invariant.")
     notes = [kernel_note]
     t0 = time.perf_counter()
     graphs = dev.type == "cuda" and config.cuda_graphs != "off"

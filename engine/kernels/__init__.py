@@ -84,17 +84,25 @@ def _module(name: str):
 class Kernels:
     """Dispatch table of one engine instance: each op runs as Triton if its name is in `active`."""
 
-    def __init__(self, active=(), pdl=False, counters=None):
+    def __init__(self, active=(), pdl=False, counters=None, plan_rows=None):
         unknown = set(active) - set(NAMES)
         if unknown:
             raise ValueError(f"unknown kernels {sorted(unknown)}; known: {NAMES}")
         self.active = tuple(n for n in NAMES if n in active)
         self.pdl = bool(pdl) and bool(self.active)  # launch with programmatic dependent launch (pdl.py)
+        # Batch invariance: every launch planned, and every fused-or-not choice made, as for this many rows
+        # whatever the rows given, so a row's sums run in one order and its result is the same bits alone or
+        # beside others. None: each launch is planned for its own rows (fastest).
+        self.plan_rows = plan_rows
         # The split kernels' arrival counters (counters.py): this engine's own, so Engine.release can free them
         self.counters = _module("counters").Counters() if counters is None else counters
 
     def __repr__(self) -> str:
-        return f"Kernels(active={self.active}, pdl={self.pdl})"
+        return f"Kernels(active={self.active}, pdl={self.pdl}, plan_rows={self.plan_rows})"
+
+    def _rows(self, rows: int) -> int:
+        """The row count a launch of `rows` rows is planned for."""
+        return self.plan_rows or rows
 
     def __bool__(self) -> bool:
         return bool(self.active)
@@ -111,13 +119,13 @@ class Kernels:
         """Whether a `producer` launch ("linear", "attention_o_proj") of `rows` rows may leave its split-K sum to
         the next linear (split_sum.py): both run as Triton."""
         limit = _module("split_sum").DEFER_ROWS.get(producer, 0)
-        return "linear" in self.active and producer in self.active and rows <= limit
+        return "linear" in self.active and producer in self.active and self._rows(rows) <= limit
 
     def linear(self, x, weight, defer=False, **kw):
         """x: a tensor, or a SplitSum left by a deferred launch (only ever given where the Triton linear runs).
         defer: see linear.linear (the caller asked `defers`)."""
         return self._run("linear", "linear", "reference", x, weight,
-                         triton_only={"counters": self.counters, "defer": defer}, **kw)
+                         triton_only={"counters": self.counters, "defer": defer, "plan_rows": self.plan_rows}, **kw)
 
     def rms_norm(self, x, weight, eps):
         return self._run("rms_norm", "rms_norm", "reference", x, weight, eps)
@@ -135,16 +143,17 @@ class Kernels:
         torch reference reads each row's own copy, which holds the same values. bias None: each row attends
         positions 0..pos (the kernel reads them on the device; the reference builds the mask over the room)."""
         return self._run("attention", "attention", "reference", q, k_cache, v_cache, bias, scale, pos=pos,
-                         triton_only={"share": share, "counters": self.counters})
+                         triton_only={"share": share, "counters": self.counters, "plan_rows": self.plan_rows})
 
     def rope_attention(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
                        share=None):
         """qk_norm_rope_kv then attention -> [B, nkv, g, D]: one Triton launch when "rope_attention" is
         active and there are at least attention.FUSE_MIN_ROWS rows (fewer run faster as two), else the two ops."""
         fused = _module("attention")
-        if "rope_attention" in self.active and qkv.shape[0] >= fused.FUSE_MIN_ROWS:
+        if "rope_attention" in self.active and self._rows(qkv.shape[0]) >= fused.FUSE_MIN_ROWS:
             return fused.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
-                                        nh, nkv, pdl=self.pdl, share=share, counters=self.counters)
+                                        nh, nkv, pdl=self.pdl, share=share, counters=self.counters,
+                                        plan_rows=self.plan_rows)
         q = self.qk_norm_rope_kv(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, nh, nkv)
         return self.attention(q, k_cache, v_cache, bias, scale, share, pos=pos)
 
@@ -157,7 +166,7 @@ class Kernels:
         fused = _module("attention_o_proj")
         b = qkv.shape[0]
         # The fused launch takes a bias; without one (each row's length read on the device) the two ops run.
-        if "attention_o_proj" in self.active and bias is not None and fused.fits(b, bias.shape[-1]):
+        if "attention_o_proj" in self.active and bias is not None and fused.fits(self._rows(b), bias.shape[-1]):
             return fused.attention_o_proj(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale,
                                           nh, nkv, weight, residual, pdl=self.pdl, counters=self.counters,
                                           defer=defer and self.defers("attention_o_proj", b))
@@ -198,10 +207,11 @@ class Kernels:
                          x_bias)
 
 
-def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
+def select(mode: str = "auto", device=None, plan_rows=None) -> tuple[Kernels, str]:
     """Kernels for one engine instance and a sentence saying what was chosen and why.
 
-    "off": references only. "on": all of NAMES, or KernelUnavailableError. "auto": on when available()."""
+    "off": references only. "on": all of NAMES, or KernelUnavailableError. "auto": on when available().
+    plan_rows: see Kernels (the load's batch_invariant)."""
     if mode not in MODES:
         raise ValueError(f"kernels must be one of {MODES} (got {mode!r})")
     if mode == "off":
@@ -214,10 +224,11 @@ def select(mode: str = "auto", device=None) -> tuple[Kernels, str]:
             raise KernelUnavailableError(f"kernels='on' but the Triton kernels cannot run: {why}")
         return Kernels(), f"triton kernels off (auto): {why}"
     pdl, pdl_why = _pdl_choice(device)
-    ks = Kernels(NAMES, pdl=pdl)
+    ks = Kernels(NAMES, pdl=pdl, plan_rows=plan_rows)
     if not interpreting():
         _prehash_triton()
-    return ks, f"triton kernels on ({why}): {', '.join(ks.active)}; {pdl_why}"
+    shaped = f"; every launch planned as for {plan_rows} rows (batch invariant)" if plan_rows else ""
+    return ks, f"triton kernels on ({why}): {', '.join(ks.active)}; {pdl_why}{shaped}"
 
 
 def _prehash_triton() -> None:

@@ -292,12 +292,12 @@ def _kernel():
 
 
 def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = False, chunk: int | None = None,
-              config=None, share=None, pos=None, counters=None):
+              config=None, share=None, pos=None, counters=None, plan_rows=None):
     """Same contract as reference: returns [B, nkv, g, D] (contiguous, so .view(B, nh * D) is free).
 
     chunk / config: see `plan` (None: the plan's choice for this device). share: see `_launch`. bias None:
     each row attends positions 0..pos (a long tensor, one a row or one for all), read on the device.
-    counters: the engine's arrival counters (counters.py; None: the shared set)."""
+    counters: the engine's arrival counters (counters.py; None: the shared set). plan_rows: see `_launch`."""
     d = q.shape[2]
     q = q if q.stride(-1) == 1 and q.stride(1) == d else q.contiguous()
     lengths = None
@@ -306,12 +306,12 @@ def attention(q, k_cache, v_cache, bias, scale, block_n: int = 16, pdl: bool = F
                 and not pos.is_floating_point(), "attention without a bias takes pos: one position or one a row")
         lengths = (pos, pos.stride(0) if pos.numel() > 1 else 0)
     return _launch(q, q.shape[1], k_cache, v_cache, bias, scale, None, block_n, pdl, chunk, config, share, lengths,
-                   counters)
+                   counters, plan_rows)
 
 
 def rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
                    block_n: int = 16, pdl: bool = False, chunk: int | None = None, config=None, share=None,
-                   counters=None):
+                   counters=None, plan_rows=None):
     """qk_norm_rope_kv then attention in one launch; same arguments and results as `rope_reference`
     (qkv [B, (nh + 2 nkv) * D] or [B, 1, ...], pos one position or one per row, cos / sin to match)."""
     b = qkv.shape[0]
@@ -320,7 +320,7 @@ def rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, 
     require(nkv == k_cache.shape[1], "the caches hold nkv heads")
     rope = (qk_norm_weight, cos, sin_signed, pos, 1 if per_row else 0, d if per_row else 0, float(eps))
     return _launch(qkv2, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share,
-                   counters=counters)
+                   counters=counters, plan_rows=plan_rows)
 
 
 def bias_row_stride(bias, b: int) -> int:
@@ -330,7 +330,7 @@ def bias_row_stride(bias, b: int) -> int:
 
 
 def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, config, share=None, lengths=None,
-            counters=None):
+            counters=None, plan_rows=None):
     """q: [B, nh, D] rows (rope None), or qkv rows [B, (nh + 2 nkv) * D] with rope's tensors and strides.
 
     bias None: each row attends positions 0..its position (rope's pos, else `lengths`: (pos, row stride)). One
@@ -341,7 +341,10 @@ def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, con
     share[0, b] instead of its own. Takes of one prompt hold identical copies of its K/V (one prefill copied
     into every row), so pointing them all at one copy gives the same result while the GPU reads the prompt's
     K/V from memory once instead of once a row (the other rows hit L2). The split path honours it; the
-    one-program path (windows below SPLIT_MIN_WINDOW) reads each row's own copy."""
+    one-program path (windows below SPLIT_MIN_WINDOW) reads each row's own copy.
+
+    plan_rows: cut the window as for this many rows (at least B; None: B). The cut decides each row's sum order,
+    so with one value for every call a row's result is the same bits whatever the other rows."""
     b = q.shape[0]
     nkv, d = k_cache.shape[1], k_cache.shape[-1]
     g = nh // nkv
@@ -350,7 +353,8 @@ def _launch(q, nh, k_cache, v_cache, bias, scale, rope, block_n, pdl, chunk, con
     require(k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and (device_length or bias.is_contiguous()),
             "contiguous caches and bias")
     out = torch.empty(b, nkv, g, d, dtype=q.dtype, device=q.device)
-    p = plan(b, nkv, window, sm_count(q.device), chunk, config, block_n, fused=rope is not None,
+    require(plan_rows is None or plan_rows >= b, "plan_rows at least the rows")
+    p = plan(plan_rows or b, nkv, window, sm_count(q.device), chunk, config, block_n, fused=rope is not None,
              device_length=device_length)
     single, split = _kernel()
     args = (q.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0),

@@ -292,7 +292,7 @@ def _kernel():
 
 
 def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
-           config=None, target=None, pdl=False, counters=None, defer=False):
+           config=None, target=None, pdl=False, counters=None, defer=False, plan_rows=None):
     """x [..., K] (or [..., 2K] for silu_mul) with rows contiguous; weight [N, K] row-major -> [..., N].
 
     Same contract as `reference`; rows beyond MAX_ROWS fall back to it (decode never has them).
@@ -301,7 +301,9 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     defer: where the launch splits K, leave its sum to the next linear: returns a SplitSum (needs a residual and
     no bias); an unsplit launch returns its tensor as usual.
     pdl: launch with programmatic dependent launch (engine/kernels/pdl.py; the caller checked support).
-    counters: the engine's arrival counters (counters.py; None: the shared set)."""
+    counters: the engine's arrival counters (counters.py; None: the shared set).
+    plan_rows: plan the launch as for this many rows (at least the rows given; None: as many as given). With one
+    value for every call, each row's result is the same bits whatever the other rows (Kernels.plan_rows)."""
     code = PROLOGUES[prologue]
     n, k = weight.shape
     deferred = isinstance(x, SplitSum)
@@ -321,7 +323,8 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     require(weight.stride(-1) == 1, "weight rows must be contiguous")
     require(x2.shape[1] == (2 * k if code == 2 else k),
             f"input {tuple(x.shape)} for weight {tuple(weight.shape)}, {prologue}")
-    p = plan(m, n, k, config, target, sm_count(x.device), prologue)
+    require(plan_rows is None or m <= plan_rows <= MAX_ROWS, f"plan_rows between the rows and {MAX_ROWS}")
+    p = plan(plan_rows or m, n, k, config, target, sm_count(x.device), prologue)
     if code == 2 and p["PROLOGUE"] == "none":
         # A long SwiGLU on the tensor-core path (SWIGLU_IN_DOT_MAX_K): its two torch ops, then the matmul here.
         x2, code = apply_prologue(x2, "silu_mul"), 0

@@ -368,6 +368,37 @@ def test_linear_swapped_operands(dtype, m, prologue, residual, bias, target):
                     config={**SMALL_LINEAR, "FMA_ROWS": 0, "SWAP_AB": True}, target=target)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_planned_alike_keep_each_rows_bits(dtype):
+    """Batch invariance (Kernels.plan_rows): a row's linear and attention results are the same bits alone and
+    beside other rows, where the row count alone would pick other paths (FMAs at one row, 16-row tensor-core
+    tiles at five; the attention's chunks by rows)."""
+    g = torch.Generator().manual_seed(3)
+    x, w, nw = (torch.randn(*shape, generator=g).to(dtype) for shape in ((5, 200), (40, 200), (200,)))
+    ks = kernels.Kernels(kernels.NAMES, plan_rows=64)
+    for prologue in ("rms_norm", "none"):
+        kw = {"prologue": prologue, "norm_weight": nw if prologue == "rms_norm" else None}
+        assert torch.equal(ks.linear(x[:1], w, **kw)[0], ks.linear(x, w, **kw)[0])
+    # A row of 2000 positions: alone it would be cut in 63 chunks, beside four others in 52.
+    q, kc, vc = (torch.randn(*shape, generator=g).to(dtype) for shape in ((5, 4, 32), (5, 2, 2048, 32), (5, 2, 2048, 32)))
+    pos = torch.tensor([2000, 131, 1, 77, 1500])
+    alone = ks.attention(q[:1], kc[:1], vc[:1], None, 0.2, pos=pos[:1])
+    assert torch.equal(alone[0], ks.attention(q, kc, vc, None, 0.2, pos=pos)[0])
+    atol, rtol = st.ATTN_TOL[dtype]
+    torch.testing.assert_close(alone, kernels.Kernels().attention(q[:1], kc[:1], vc[:1], None, 0.2, pos=pos[:1]),
+                               atol=atol, rtol=rtol)
+
+
+def test_rows_planned_alike_make_the_same_fusion_choices():
+    """With plan_rows every choice that depends on the row count is made as for plan_rows rows."""
+    free, alike = kernels.Kernels(kernels.NAMES), kernels.Kernels(kernels.NAMES, plan_rows=64)
+    assert free.defers("linear", 1) and free.defers("attention_o_proj", 1)
+    assert not alike.defers("linear", 1) and not alike.defers("attention_o_proj", 1)
+    assert alike._rows(1) == 64 and free._rows(1) == 1
+    _, why = kernels.select("on", "cpu", plan_rows=64)
+    assert "as for 64 rows" in why
+
+
 def test_linear_plan_paths():
     """FMAs up to FMA_ROWS rows; above, the swapped tensor-core product when a prologue is fused, the plain
     one otherwise and for a long SwiGLU (which torch runs)."""

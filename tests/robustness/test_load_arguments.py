@@ -13,7 +13,7 @@ import os
 import pytest
 
 from engine import Engine, Request, cli
-from engine.errors import Qwen3TTSError
+from engine.errors import Qwen3TTSError, UnsupportedConfigError
 from tests.support import comfy_nodes
 from tests.support._q3support import need
 
@@ -38,6 +38,7 @@ BAD_SETTINGS = {
     "dtype": ["float32", "int8", "", None, 16],
     "cuda_graphs": ["yes", True, None, ""],
     "triton": ["no", False, None],
+    "batch_invariant": ["yes", 1, None],
 }
 COUNTS: dict[str, int] = {}
 
@@ -62,6 +63,13 @@ def test_engine_refuses_bad_load_settings_before_any_work(tiny_checkpoints, no_w
     options = {"device": "cpu", "max_takes": 4, field: value}
     with pytest.raises(Qwen3TTSError, match=field):
         Engine.load(tiny_checkpoints["custom_voice"], **options)
+    _count("engine settings")
+
+
+def test_batch_invariance_without_the_triton_kernels_is_refused_before_any_work(tiny_checkpoints, no_work):
+    """Only the Triton kernels plan their launches alike for every row count: without them the load says so."""
+    with pytest.raises(UnsupportedConfigError, match="batch_invariant needs the Triton kernels.*triton auto or on"):
+        Engine.load(tiny_checkpoints["custom_voice"], device="cpu", batch_invariant=True)
     _count("engine settings")
 
 
