@@ -7,8 +7,9 @@ several in flight at once. Then the checks of a server that has leaked nothing:
 * no response was a 5xx or broke, every bad request got a 4xx JSON error naming the field at fault, and every
   request run to its end brought all of its frames (random checkpoints: EOS disabled);
 * the GPU's allocated tensor bytes (/health memory) are back to their level after the warm-up;
-* every completed request equals the same request served alone afterwards (SHA-256 of its PCM; `--verify N`
-  checks N of them, 0: all).
+* every completed request equals the same request served alone afterwards: the same codes (the whole requests
+  ask for them: response_format json, float samples) and audio within `--pcm-tolerance` steps of 16 bits
+  (`--verify N` checks N of them, 0: all).
 
     python bench/serve_soak.py --model DIR [--requests 1000] [--concurrency 8] [--frames 13 60] [--verify 0]
         [--device cuda] [--out DIR] [--name NAME] [ANY OTHER SERVE OPTION, e.g. --max-rows 8]
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPLETE = ("stream", "whole")  # the kinds that run to their end
 KINDS = {  # kind: share of the requests
     "stream": 0.30,  # streamed to its end
-    "whole": 0.15,  # response_format pcm, not streamed
+    "whole": 0.15,  # not streamed: response_format json with float samples and the codes
     "leave_mid_stream": 0.15,  # the client closes the connection after part of the audio
     "leave_waiting": 0.10,  # the client closes before the audio starts (queued, or still in its prefill)
     "bad": 0.30,  # a field the server must refuse, by name
@@ -77,7 +78,7 @@ def plan(n: int, rng: random.Random, frames: tuple[int, int], voice: str, leave_
         body = {"input": text, "language": language, "voice": voice, "seed": rng.randrange(1 << 20),
                 "max_new_tokens": count, "stream": kind != "whole"}
         if kind == "whole":
-            body["response_format"] = "pcm"
+            body.update(response_format="json", sample_format="f32")
         action = {"i": i, "kind": kind, "body": body, "frames": count}
         if kind == "leave_mid_stream":
             action["stop_after"] = rng.randint(1, max(1, count - 1)) * FRAME_BYTES - 1
@@ -109,10 +110,24 @@ def judge(action: dict, rec: dict, exact: bool) -> str | None:
         return f"status {status}: {rec['json'] or rec['error']}"
     if kind == "leave_mid_stream":
         return None if rec["error"] == "left" else f"the stream ended before the client left ({rec['bytes']} bytes)"
+    if not rec["done"]:
+        return f"incomplete: {rec['bytes']} bytes ({rec['error']})"
+    if kind == "whole":
+        codes, samples = whole_take(rec["pcm"])
+        got, want = (len(codes) // 32, len(samples) // 4), (action["frames"], action["frames"] * FRAME_BYTES // 2)
+        return None if (got == want if exact else 0 < got[1]) else f"{got} (frames, samples), expected {want}"
     want = action["frames"] * FRAME_BYTES
-    if not rec["done"] or (exact and rec["bytes"] != want) or rec["bytes"] == 0:
+    if (exact and rec["bytes"] != want) or rec["bytes"] == 0:
         return f"incomplete: {rec['bytes']} of {want} bytes ({rec['error']})"
     return None
+
+
+def whole_take(body: bytes) -> tuple[bytes, bytes]:
+    """(codes as int16 [frames, 16], float32 samples) of a json response's only take."""
+    import base64
+
+    take = json.loads(body)["takes"][0]
+    return base64.b64decode(take["codes"]), base64.b64decode(take["audio"])
 
 
 async def soak(url: str, actions: list, concurrency: int, exact: bool) -> list:
@@ -146,25 +161,32 @@ async def warm_up(url: str, voice: str, frames: tuple[int, int], concurrency: in
         await wait_idle(client, url)
 
 
-def pcm_difference(a: bytes, b: bytes) -> int | None:
-    """The largest difference of two 16-bit PCM bodies, in steps of the last bit (None: lengths differ)."""
+def pcm_difference(a: bytes, b: bytes, sample: str = "<i2") -> int | None:
+    """The largest difference of two bodies of samples (16-bit PCM, or "<f4" floats in [-1, 1]), in steps of
+    16 bits (None: lengths differ)."""
     import numpy as np
 
     if len(a) != len(b):
         return None
-    x, y = np.frombuffer(a, "<i2").astype(np.int32), np.frombuffer(b, "<i2").astype(np.int32)
-    return int(np.abs(x - y).max()) if x.size else 0
+    x, y = np.frombuffer(a, sample).astype(np.float64), np.frombuffer(b, sample).astype(np.float64)
+    scale = 32768 if sample == "<f4" else 1
+    return int(np.ceil(np.abs(x - y).max() * scale)) if x.size else 0
 
 
 async def replay(url: str, actions: list) -> list:
-    """Each action's request again, one at a time: [(action index, its largest PCM difference, None: the replay
-    failed or its length differs)]."""
+    """Each action's request again, one at a time: [(action index, its largest sample difference in 16-bit
+    steps (None: the replay failed or its length differs), its codes equal (None: a stream, which has none))]."""
     out = []
     async with session() as client:
         for a in actions:
             rec = await speech(client, url, a["body"], keep=True)
-            diff = pcm_difference(rec["pcm"], a["rec"]["pcm"]) if rec["status"] == 200 and rec["done"] else None
-            out.append((a["i"], diff))
+            if rec["status"] != 200 or not rec["done"]:
+                out.append((a["i"], None, None))
+            elif a["kind"] == "whole":
+                (codes, samples), (codes0, samples0) = whole_take(rec["pcm"]), whole_take(a["rec"]["pcm"])
+                out.append((a["i"], pcm_difference(samples, samples0, "<f4"), codes == codes0))
+            else:
+                out.append((a["i"], pcm_difference(rec["pcm"], a["rec"]["pcm"]), None))
     return out
 
 
@@ -230,10 +252,12 @@ def run(args, server_args: list) -> dict:
                           if a["problem"]][:50]
     mem0, mem1 = base_health.get("memory"), after.get("memory")
     report["memory_delta_bytes"] = None if mem0 is None or mem1 is None else mem1 - mem0
-    unequal = [i for i, diff in equal if diff is None or diff > args.pcm_tolerance]
-    report["pcm_differences"] = {"identical": sum(d == 0 for _, d in equal),
-                                 "largest": max((d for _, d in equal if d is not None), default=0),
-                                 "failed_or_other_length": sum(d is None for _, d in equal)}
+    unequal = [i for i, diff, same in equal if diff is None or diff > args.pcm_tolerance or same is False]
+    report["pcm_differences"] = {"identical": sum(d == 0 for _, d, _ in equal),
+                                 "largest": max((d for _, d, _ in equal if d is not None), default=0),
+                                 "failed_or_other_length": sum(d is None for _, d, _ in equal)}
+    report["codes"] = {"compared": sum(same is not None for *_, same in equal),
+                       "identical": sum(same is True for *_, same in equal)}
     c = report["checks"]
     c["every response as expected"] = not report["problems"]
     c["server up, nothing queued or running, no rows"] = (
@@ -243,7 +267,7 @@ def run(args, server_args: list) -> dict:
     c["no traceback in the server log"] = tracebacks == 0
     c["memory back to its level after warm-up"] = (report["memory_delta_bytes"] is None
                                                    or abs(report["memory_delta_bytes"]) <= args.memory_slack_mb << 20)
-    c["completed requests equal the same request alone"] = not unequal
+    c["completed requests equal the same request alone"] = not unequal and report["codes"]["compared"] > 0
     report.update(verified=len(equal), unequal=unequal, completed=len(done), ok=all(c.values()))
     return report
 
@@ -258,8 +282,9 @@ def table(r: dict) -> str:
     h = r["health_after_soak"]
     lines += ["", (f"/health after: queued {h['queued']}, running {h['running']}, rows {h['rows']}, requests "
                   f"{h['requests']}, {r['idle_after_s']:.2f} s after the last client; memory change "
-                  f"{r['memory_delta_bytes']} bytes (None: CPU). Replayed alone: {r['pcm_differences']} (largest: "
-                  "the largest sample difference, in steps of the last bit)."), "",
+                  f"{r['memory_delta_bytes']} bytes (None: CPU). Replayed alone: codes {r['codes']} (the whole "
+                  f"requests), samples {r['pcm_differences']} (largest: the largest sample difference, in steps "
+                  "of 16 bits)."), "",
               "| check | result |", "|---|---|"]
     lines += [f"| {name} | {'pass' if ok else 'FAIL'} |" for name, ok in r["checks"].items()]
     lines += [f"- request {p['i']} ({p['kind']}): {p['problem']}" for p in r["problems"][:10]]
