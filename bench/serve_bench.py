@@ -244,6 +244,9 @@ def run_config(model: Path, label: str, args, server_args: list) -> tuple[dict, 
     base = _model_type(model) == "base"
     voice_file, upload = None, None
     server_args = [f"--{k.replace('_', '-')}={v}" for k, v in load.items()] + server_args
+    if args.batch_invariant:  # a switch of the server's; the in-process run loads with it too
+        load["batch_invariant"] = True
+        server_args.append("--batch-invariant")
     server_args += ["--max-queue", args.max_queue, "--chunk-frames", args.chunk_frames,
                     "--first-chunk-frames", args.first_chunk_frames]
     if base and args.clone == "saved":
@@ -377,6 +380,8 @@ def main(argv=None) -> int:
     ap.add_argument("--saturation-s", type=float, default=10.0)
     ap.add_argument("--alone", type=int, default=8, help="sentences one at a time, server vs in-process (0: skip)")
     ap.add_argument("--seed", type=int, default=0, help="of the arrival times")
+    ap.add_argument("--batch-invariant", action="store_true", help="the load option, for the server and the "
+                                                                   "in-process run")
     for opt in ("device", "dtype", "cuda-graphs", "triton"):
         ap.add_argument(f"--{opt}", default="auto", help="the load option, for the server and the in-process run")
     ap.add_argument("--max-queue", type=int, default=128, help="the server's; above --saturation, so no stream "

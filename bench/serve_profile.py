@@ -38,7 +38,6 @@ from real_length_script import script  # noqa: E402
 from timing import percentile, write_json  # noqa: E402
 
 PHASES = ("frames", "admit", "codec")
-FIRST_CHUNK = 2  # frames of a request's first chunk
 WORKERS = 32  # threads that submit and read the arrivals (more than ever run at once at the rates measured)
 SPEAKER = "ryan"
 
@@ -100,17 +99,18 @@ def sentences() -> list:
             for lang, text, frames in script()]
 
 
-def submit(scheduler, engine, mix: list, n: int):
-    """The mix's n-th sentence (seed n) to the scheduler, for its natural length, as the benches' requests ask."""
+def submit(scheduler, engine, mix: list, n: int, first: int):
+    """The mix's n-th sentence (seed n) to the scheduler, for its natural length, as the benches' requests ask,
+    its first chunk `first` frames."""
     req, frames = mix[n % len(mix)]
-    return scheduler.submit(req, seed=n, params=engine.defaults.capped(frames), first_chunk_frames=FIRST_CHUNK)
+    return scheduler.submit(req, seed=n, params=engine.defaults.capped(frames), first_chunk_frames=first)
 
 
 class Load:
     """`streams` callers, each submitting the next sentence of the mix when its last one ends."""
 
-    def __init__(self, scheduler, engine, streams: int):
-        self.s, self.engine = scheduler, engine
+    def __init__(self, scheduler, engine, streams: int, first: int):
+        self.s, self.engine, self.first = scheduler, engine, first
         self.mix = sentences()
         self.lock, self.audio_s, self.stop, self.errors = threading.Lock(), 0.0, False, []
         self.threads = [threading.Thread(target=self._caller, args=(i,), daemon=True) for i in range(streams)]
@@ -122,7 +122,7 @@ class Load:
         rate = self.engine.sample_rate
         while not self.stop:
             try:
-                ticket = submit(self.s, self.engine, self.mix, n)
+                ticket = submit(self.s, self.engine, self.mix, n, self.first)
                 for chunk in ticket:
                     with self.lock:
                         self.audio_s += chunk.audio.numel() / rate
@@ -150,10 +150,10 @@ class Arrivals:
 
     PARTS = ("prepare", "wait", "join", "first")
 
-    def __init__(self, scheduler, engine, rate: float, seconds: float, seed: int = 0):
+    def __init__(self, scheduler, engine, rate: float, seconds: float, first: int, seed: int = 0):
         import random
 
-        self.s, self.engine, self.mix = scheduler, engine, sentences()
+        self.s, self.engine, self.mix, self.first = scheduler, engine, sentences(), first
         self.rate, self.seconds, self.rng = rate, seconds, random.Random(seed)
         self.lock, self.records, self.errors = threading.Lock(), [], []
 
@@ -169,7 +169,7 @@ class Arrivals:
 
     def _one(self, n: int) -> None:
         try:
-            ticket = submit(self.s, self.engine, self.mix, n)
+            ticket = submit(self.s, self.engine, self.mix, n, self.first)
             prepared = time.perf_counter() - ticket._t0
             first = next(iter(ticket)).elapsed_s
             for _ in ticket:
@@ -198,7 +198,8 @@ def run_config(model: Path, label: str, args) -> dict:
     engine = Engine.load(model, max_takes=args.rows, warm_takes=args.rows, **load)
     mark_phases(engine)
     out = {"label": label, "model": str(model), "engine": engine.info.summary(), "rows": args.rows,
-           "streams": args.streams, "boundary_frames": args.boundary_frames}
+           "streams": args.streams, "boundary_frames": args.boundary_frames,
+           "first_chunk_frames": args.first_chunk_frames}
     with Scheduler(engine, max_rows=args.rows, max_queue=max(64, 2 * args.streams),
                    chunk_frames=args.boundary_frames) as s:
         out["rates"] = [arrivals(s, engine, rate, label, args) for rate in args.rates]
@@ -210,8 +211,8 @@ def run_config(model: Path, label: str, args) -> dict:
 
 def arrivals(s, engine, rate: float, label: str, args) -> dict:
     """One window of Poisson arrivals (the first requests, which find the loop idle, are left out: a warm-up)."""
-    Arrivals(s, engine, rate, max(1.0, 4 / rate)).run()
-    a = Arrivals(s, engine, rate, args.seconds, seed=1)
+    Arrivals(s, engine, rate, max(1.0, 4 / rate), args.first_chunk_frames).run()
+    a = Arrivals(s, engine, rate, args.seconds, args.first_chunk_frames, seed=1)
     PHASE_TIMES.sync = False
     PHASE_TIMES.reset()
     PHASE_TIMES.on = True
@@ -227,7 +228,7 @@ def arrivals(s, engine, rate: float, label: str, args) -> dict:
 
 def saturate(s, engine, label: str, args, out: dict) -> None:
     """The free and synced windows under `args.streams` closed-loop callers."""
-    load_ = Load(s, engine, args.streams)
+    load_ = Load(s, engine, args.streams, args.first_chunk_frames)
     try:
         time.sleep(args.warm_s)  # every caller has joined once; the rows are full
         for window in ("free", "synced"):
@@ -291,6 +292,8 @@ def main(argv=None) -> int:
     ap.add_argument("--streams", type=int, default=64, help="closed-loop callers (0: no saturated windows)")
     ap.add_argument("--rates", type=float, nargs="*", default=[], help="Poisson arrivals a second, a window each")
     ap.add_argument("--boundary-frames", type=int, default=2, help="the scheduler's chunk_frames, as the server's")
+    ap.add_argument("--first-chunk-frames", type=int, default=1, help="frames of a request's first chunk, as the "
+                                                                      "server's")
     ap.add_argument("--warm-s", type=float, default=3.0, help="s of load before measuring")
     ap.add_argument("--seconds", type=float, default=5.0, help="s of each measured window (of arrivals, for a rate)")
     for opt in ("device", "dtype", "cuda-graphs", "triton"):
