@@ -94,13 +94,19 @@ def main() -> None:
     ap.add_argument("--takes", type=int, default=1, help="rows of the frame, up to 64 (past 16, several requests)")
     ap.add_argument("--triton", default="auto")
     ap.add_argument("--frames", type=int, default=64)
+    ap.add_argument("--cublas-from-rows", type=int, default=0, help="override linear_plan.CUBLAS_FROM_ROWS (rows "
+                                                                   "from which a linear's matmul runs on cuBLAS)")
     ap.add_argument("--batch-invariant", action="store_true", help="load with batch_invariant (launches planned as "
                                                                    "for 64 rows)")
     args = ap.parse_args()
     from gpu_bench import TEXT, checkpoint
 
     from engine import BatchItem, Engine, Request
+    from engine.kernels import linear_plan
     from engine.limits import MAX_TAKES
+
+    if args.cublas_from_rows:
+        linear_plan.CUBLAS_FROM_ROWS = args.cublas_from_rows
 
     eng = Engine.load(checkpoint(args.size), device="cuda", dtype="bf16", cuda_graphs="on", triton=args.triton,
                       max_seq_len=1024, max_takes=args.takes, batch_invariant=args.batch_invariant)
@@ -116,11 +122,13 @@ def main() -> None:
     count = sum(r["count"] for r in rows)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "size": args.size,
               "takes": args.takes, "triton": args.triton, "batch_invariant": args.batch_invariant,
+              "cublas_from_rows": linear_plan.CUBLAS_FROM_ROWS,
               "kernels": eng.info.kernels,
               "graph_ms_per_frame": round(ms, 3), "kernels_per_frame": count,
               "summed_kernel_us": round(total_us, 1), "by_kernel": rows,
               "gemv": gemv_bandwidth(torch.bfloat16, args.takes)}
-    print(f"{args.size} B={args.takes} triton={args.triton} batch_invariant={args.batch_invariant}: "
+    print(f"{args.size} B={args.takes} triton={args.triton} batch_invariant={args.batch_invariant} "
+          f"cublas_from_rows={linear_plan.CUBLAS_FROM_ROWS}: "
           f"graph {ms:.3f} ms/frame, {count} kernels, "
           f"summed kernel time {total_us / 1000:.3f} ms")
     for r in rows[:45]:
@@ -129,7 +137,8 @@ def main() -> None:
         print(f"linear M={r['M']} N={r['N']} K={r['K']}: {r['us']} us, {r['GBps']} GB/s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"profile_{args.size}_b{args.takes}_{args.triton}{'_invariant' if args.batch_invariant else ''}"
+    name = (f"profile_{args.size}_b{args.takes}_{args.triton}{'_invariant' if args.batch_invariant else ''}"
+            f"{f'_cublas{args.cublas_from_rows}' if args.cublas_from_rows else ''}")
     write_json(out / f"{name}.json", result)
 
 

@@ -124,8 +124,23 @@ class Kernels:
     def linear(self, x, weight, defer=False, **kw):
         """x: a tensor, or a SplitSum left by a deferred launch (only ever given where the Triton linear runs).
         defer: see linear.linear (the caller asked `defers`)."""
+        if "linear" in self.active and self._on_cublas(x):
+            return self._cublas_linear(x, weight, **kw)
         return self._run("linear", "linear", "reference", x, weight,
                          triton_only={"counters": self.counters, "defer": defer, "plan_rows": self.plan_rows}, **kw)
+
+    def _on_cublas(self, x) -> bool:
+        """Whether a linear of x's rows runs its matmul on cuBLAS (linear_plan.CUBLAS_FROM_ROWS): never where
+        launches are planned alike, as cuBLAS picks its sum order by shape."""
+        if self.plan_rows or isinstance(x, _module("split_sum").SplitSum):
+            return False
+        return x.shape[:-1].numel() >= _module("linear_plan").CUBLAS_FROM_ROWS
+
+    def _cublas_linear(self, x, weight, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None):
+        """The linear's torch reference with its RMSNorm prologue as one launch of this table's RMSNorm."""
+        if prologue == "rms_norm":
+            x, prologue = self.rms_norm(x, norm_weight, eps), "none"
+        return _module("linear").reference(x, weight, prologue=prologue, bias=bias, residual=residual)
 
     def rms_norm(self, x, weight, eps):
         return self._run("rms_norm", "rms_norm", "reference", x, weight, eps)

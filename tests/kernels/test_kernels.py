@@ -399,6 +399,26 @@ def test_rows_planned_alike_make_the_same_fusion_choices():
     assert "as for 64 rows" in why
 
 
+def test_many_rows_take_cublas_for_the_matmul(monkeypatch):
+    """From CUBLAS_FROM_ROWS rows the linear's matmul is torch's (the RMSNorm prologue the Triton RMSNorm's launch,
+    the residual in the matmul's epilogue), unless launches are planned alike for batch invariance."""
+    from engine.kernels import linear as kl
+    from engine.kernels import linear_plan
+
+    g = torch.Generator().manual_seed(4)
+    x, w, nw, res = (torch.randn(*shape, generator=g) for shape in ((40, 96), (24, 96), (96,), (40, 24)))
+    launched = []
+    monkeypatch.setattr(kl, "linear", lambda *a, **k: launched.append(a[0].shape[0]) or kl.reference(*a, **{
+        n: v for n, v in k.items() if n not in ("pdl", "counters", "defer", "plan_rows")}))
+    ks = kernels.Kernels(kernels.NAMES)
+    got = ks.linear(x, w, prologue="rms_norm", norm_weight=nw, residual=res)
+    torch.testing.assert_close(got, kl.reference(x, w, prologue="rms_norm", norm_weight=nw, residual=res))
+    assert launched == [] and linear_plan.CUBLAS_FROM_ROWS <= 40
+    ks.linear(x[:8], w, prologue="rms_norm", norm_weight=nw)  # fewer rows: the Triton linear
+    kernels.Kernels(kernels.NAMES, plan_rows=64).linear(x, w)  # planned alike: the Triton linear at any rows
+    assert launched == [8, 40]
+
+
 def test_linear_plan_paths():
     """FMAs up to FMA_ROWS rows; above, the swapped tensor-core product when a prologue is fused, the plain
     one otherwise and for a long SwiGLU (which torch runs)."""
