@@ -252,7 +252,8 @@ def run(args, server_args: list) -> dict:
                           if a["problem"]][:50]
     mem0, mem1 = base_health.get("memory"), after.get("memory")
     report["memory_delta_bytes"] = None if mem0 is None or mem1 is None else mem1 - mem0
-    unequal = [i for i, diff, same in equal if diff is None or diff > args.pcm_tolerance or same is False]
+    unequal = [i for i, diff, _ in equal if diff is None or diff > args.pcm_tolerance]
+    other_codes = [i for i, _, same in equal if same is False]
     report["pcm_differences"] = {"identical": sum(d == 0 for _, d, _ in equal),
                                  "largest": max((d for _, d, _ in equal if d is not None), default=0),
                                  "failed_or_other_length": sum(d is None for _, d, _ in equal)}
@@ -267,8 +268,10 @@ def run(args, server_args: list) -> dict:
     c["no traceback in the server log"] = tracebacks == 0
     c["memory back to its level after warm-up"] = (report["memory_delta_bytes"] is None
                                                    or abs(report["memory_delta_bytes"]) <= args.memory_slack_mb << 20)
-    c["completed requests equal the same request alone"] = not unequal and report["codes"]["compared"] > 0
-    report.update(verified=len(equal), unequal=unequal, completed=len(done), ok=all(c.values()))
+    c["completed requests have the codes they have alone"] = not other_codes and report["codes"]["compared"] > 0
+    c["completed requests equal the same request alone"] = not unequal
+    report.update(verified=len(equal), unequal=unequal, other_codes=other_codes, completed=len(done),
+                  ok=all(c.values()))
     return report
 
 

@@ -42,7 +42,8 @@ def test_soak_leaves_nothing_behind_and_every_request_equals_it_alone(tiny_check
     assert r["unequal"] == [] and r["pcm_differences"]["failed_or_other_length"] == 0
     assert r["pcm_differences"]["largest"] <= 1
     # the whole requests brought their codes: each the same codes as alone
-    assert r["codes"]["compared"] == r["codes"]["identical"] == kinds["whole"]["requests"]
+    assert r["codes"]["compared"] == r["codes"]["identical"] == kinds["whole"]["requests"] and r["other_codes"] == []
+    assert "| completed requests have the codes they have alone | pass |" in proc.stdout
     assert "| completed requests equal the same request alone | pass |" in proc.stdout
     figure(soak_requests=160, completed=r["completed"], bad=kinds["bad"]["requests"],
            left_mid_stream=kinds["leave_mid_stream"]["requests"], left_waiting=kinds["leave_waiting"]["requests"],
