@@ -1,7 +1,7 @@
 """Where a decode frame spends its GPU time: per-kernel totals of one frame, and GEMV bandwidth.
 
     python bench/profile_frame.py --out DIR [--size 0.6b] [--takes 1] [--triton auto] [--batch-invariant]
-    # --takes 64: a server's rows
+        [--cublas-from-rows N]    # --takes 64: a server's rows
 
 Loads a real-size random CustomVoice checkpoint (built like bench/gpu_bench.py), decodes a short request
 to capture the graphs, then
@@ -11,7 +11,7 @@ to capture the graphs, then
     and the summed kernel time is launch latency and gaps;
   * times torch's linear at the decode shapes with weights rotated through more memory than L2 holds,
     so the figure is HBM bandwidth, not cache.
-Writes DIR/profile_<size>_b<takes>_<triton>[_invariant].json and prints the tables.
+Writes DIR/profile_<size>_b<takes>_<triton>[_invariant][_cublasN].json and prints the tables.
 """
 from __future__ import annotations
 
