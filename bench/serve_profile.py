@@ -75,6 +75,22 @@ class Phases:
         with self.lock:
             return {p: {"calls": self.calls[p], "ms_per_s": 1000 * self.seconds[p] / wall} for p in PHASES}
 
+    @contextlib.contextmanager
+    def window(self, sync: bool):
+        """Time the phases over the block; afterwards the dict it yields holds `wall` (s), `phases` (table) and
+        `steps_per_s` (frames' calls a second)."""
+        self.sync = sync
+        self.reset()
+        self.on = True
+        out, t0 = {}, time.perf_counter()
+        try:
+            yield out
+        finally:
+            self.on = False
+            out["wall"] = time.perf_counter() - t0
+            out["phases"] = self.table(out["wall"])
+            out["steps_per_s"] = out["phases"]["frames"]["calls"] / out["wall"]
+
 
 PHASE_TIMES = Phases()
 
@@ -213,17 +229,11 @@ def arrivals(s, engine, rate: float, label: str, args) -> dict:
     """One window of Poisson arrivals (the first requests, which find the loop idle, are left out: a warm-up)."""
     Arrivals(s, engine, rate, max(1.0, 4 / rate), args.first_chunk_frames).run()
     a = Arrivals(s, engine, rate, args.seconds, args.first_chunk_frames, seed=1)
-    PHASE_TIMES.sync = False
-    PHASE_TIMES.reset()
-    PHASE_TIMES.on = True
-    t0 = time.perf_counter()
-    a.run()
-    wall = time.perf_counter() - t0
-    PHASE_TIMES.on = False
+    with PHASE_TIMES.window(sync=False) as w:
+        a.run()
     if a.errors:
         raise SystemExit(f"{label}: {len(a.errors)} requests failed, e.g. {a.errors[0]}")
-    phases = PHASE_TIMES.table(wall)
-    return {"rate": rate, **a.summary(), "steps_per_s": phases["frames"]["calls"] / wall, "phases": phases}
+    return {"rate": rate, **a.summary(), "steps_per_s": w["steps_per_s"], "phases": w["phases"]}
 
 
 def saturate(s, engine, label: str, args, out: dict) -> None:
@@ -232,16 +242,11 @@ def saturate(s, engine, label: str, args, out: dict) -> None:
     try:
         time.sleep(args.warm_s)  # every caller has joined once; the rows are full
         for window in ("free", "synced"):
-            PHASE_TIMES.sync = window == "synced"
-            PHASE_TIMES.reset()
-            PHASE_TIMES.on = True
-            a0, t0 = load_.received(), time.perf_counter()
-            time.sleep(args.seconds)
-            wall = time.perf_counter() - t0
-            PHASE_TIMES.on = False
-            phases = PHASE_TIMES.table(wall)
-            out[window] = {"audio_s_per_s": (load_.received() - a0) / wall,
-                           "steps_per_s": phases["frames"]["calls"] / wall, "phases": phases}
+            a0 = load_.received()
+            with PHASE_TIMES.window(sync=window == "synced") as w:
+                time.sleep(args.seconds)
+            out[window] = {"audio_s_per_s": (load_.received() - a0) / w["wall"], "steps_per_s": w["steps_per_s"],
+                           "phases": w["phases"]}
     finally:
         load_.close()
     if load_.errors:

@@ -12,9 +12,8 @@ def device_longs(values: list, device) -> torch.Tensor:
 
 
 def to_device(t: torch.Tensor, device) -> torch.Tensor:
-    """Host tensor `t` on `device`. On CUDA it goes through pinned memory without blocking: a copy from pageable
-    memory waits for all work queued on the stream (during a run, the frames queued ahead; under a scheduler's
-    load, a request's prompt would wait for them)."""
+    """Host tensor `t` on `device`; on CUDA through pinned memory, without blocking (a tensor already on a device
+    moves as `.to` moves it)."""
     device = torch.device(device)
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
