@@ -50,16 +50,19 @@ class FusedLayer:
             self.qk_norm = torch.cat([attn.q_norm.weight.expand(self.nh, self.d),
                                       attn.k_norm.weight.expand(self.nkv, self.d)])
 
-    def step(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache, pos, bias, share=None, defer_out=False):
+    def step(self, ks: Kernels, x, cos, sin_signed, k_cache, v_cache, pos, bias, share=None, defer_out=False,
+             spend_x=False):
         """x [B, 1, H] at position pos ([1] long); attends over the first len(bias) cache positions (`share`:
         engine/kernels/attention._launch). x may be a SplitSum (engine/kernels/split_sum.py) left by the layer
         before; defer_out: this layer's output may be one too (its consumer is the next layer's qkv linear).
-        Inside the layer, o_proj's sum is left to the gate/up linear where the kernels allow it."""
+        Inside the layer, o_proj's sum is left to the gate/up linear where the kernels allow it. spend_x: x is
+        the layer before's output, read by no one else, so the residual sums may be made in its memory."""
         lay = self.layer
         qkv = ks.linear(x, self.qkv, prologue="rms_norm", norm_weight=lay.input_layernorm.weight, eps=self.eps)
         x = made(x)  # the qkv launch stored a deferred input's row
         x = ks.attention_o_proj(qkv, self.qk_norm, cos, sin_signed, self.qk_eps, k_cache, v_cache, pos, bias,
-                                self.scale, self.nh, self.nkv, lay.self_attn.o_proj.weight, x, share, defer=True)
+                                self.scale, self.nh, self.nkv, lay.self_attn.o_proj.weight, x, share, defer=True,
+                                spend_residual=spend_x)
         return ks.mlp(x, self.gate_up, lay.post_attention_layernorm.weight, self.eps, lay.mlp.down_proj.weight,
                       defer=defer_out)
 
@@ -139,7 +142,8 @@ class FusedStack:
         cos, sin_signed = rope if rope is not None else self.rope(pos, x.dtype)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):  # the last layer's sum is made in its own launch
-            x = layer.step(self.ks, x, cos, sin_signed, cache.k[i], cache.v[i], pos, bias, share, defer_out=i < last)
+            x = layer.step(self.ks, x, cos, sin_signed, cache.k[i], cache.v[i], pos, bias, share, defer_out=i < last,
+                           spend_x=i > 0)  # the stack's input is the caller's
         if not final_norm:
             return x
         norm = self.stack.norm

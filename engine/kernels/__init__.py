@@ -121,11 +121,12 @@ class Kernels:
         limit = _module("split_sum").DEFER_ROWS.get(producer, 0)
         return "linear" in self.active and producer in self.active and self._rows(rows) <= limit
 
-    def linear(self, x, weight, defer=False, **kw):
+    def linear(self, x, weight, defer=False, spend_residual=False, **kw):
         """x: a tensor, or a SplitSum left by a deferred launch (only ever given where the Triton linear runs).
-        defer: see linear.linear (the caller asked `defers`)."""
+        defer: see linear.linear (the caller asked `defers`). spend_residual: the caller reads the residual no more,
+        so the result may be made in its memory (where cuBLAS runs the matmul: no copy of it first)."""
         if "linear" in self.active and self._on_cublas(x):
-            return self._cublas_linear(x, weight, **kw)
+            return self._cublas_linear(x, weight, spend_residual=spend_residual, **kw)
         return self._run("linear", "linear", "reference", x, weight,
                          triton_only={"counters": self.counters, "defer": defer, "plan_rows": self.plan_rows}, **kw)
 
@@ -136,10 +137,18 @@ class Kernels:
             return False
         return x.shape[:-1].numel() >= _module("linear_plan").CUBLAS_FROM_ROWS
 
-    def _cublas_linear(self, x, weight, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None):
-        """The linear's torch reference with its RMSNorm prologue as one launch of this table's RMSNorm."""
+    def _cublas_linear(self, x, weight, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
+                       spend_residual=False):
+        """The linear's torch reference with its prologue as one Triton launch (the RMSNorm, or the SwiGLU); with
+        spend_residual, the matmul adds into the residual's memory, where torch's addmm would copy it first."""
         if prologue == "rms_norm":
             x, prologue = self.rms_norm(x, norm_weight, eps), "none"
+        elif prologue == "silu_mul":
+            x, prologue = _module("silu_mul").silu_mul(x, pdl=self.pdl), "none"
+        if spend_residual and prologue == "none" and residual is not None and bias is None and residual.is_contiguous():
+            lead = x.shape[:-1]
+            out = residual.view(-1, weight.shape[0])
+            return out.addmm_(x.reshape(-1, x.shape[-1]), weight.t()).view(*lead, -1)  # the same sums, in place
         return _module("linear").reference(x, weight, prologue=prologue, bias=bias, residual=residual)
 
     def rms_norm(self, x, weight, eps):
@@ -173,11 +182,11 @@ class Kernels:
         return self.attention(q, k_cache, v_cache, bias, scale, share, pos=pos)
 
     def attention_o_proj(self, qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh, nkv,
-                         weight, residual, share=None, defer=False):
+                         weight, residual, share=None, defer=False, spend_residual=False):
         """rope_attention, then o_proj (`weight`) with the residual added -> [B, 1, N]: one Triton launch when
         "attention_o_proj" is active and fits (attention_o_proj.fits: one row, a short window), else
         those ops by their own switches. defer: whichever launch makes o_proj may leave its sum to the next
-        linear (a SplitSum) where `defers` allows it."""
+        linear (a SplitSum) where `defers` allows it. spend_residual: see `linear`."""
         fused = _module("attention_o_proj")
         b = qkv.shape[0]
         # The fused launch takes a bias; without one (each row's length read on the device) the two ops run.
@@ -188,16 +197,17 @@ class Kernels:
         out = self.rope_attention(qkv, qk_norm_weight, cos, sin_signed, eps, k_cache, v_cache, pos, bias, scale, nh,
                                   nkv, share)
         return self.linear(out.reshape(b, 1, nh * k_cache.shape[-1]), weight, residual=residual,
-                           defer=defer and self.defers("linear", b))
+                           defer=defer and self.defers("linear", b), spend_residual=spend_residual)
 
     def mlp(self, x, gate_up, norm_weight, eps, down, defer=False):
         """x + down(SwiGLU(rms_norm(x) @ gate_up^T)) -> like x, as two linears: the norm in the gate/up launch's
         prologue, SwiGLU in the down launch's prologue and the residual in its epilogue. x may be a SplitSum (the
-        launch before left its sum); defer: the down launch may leave its own sum to the next linear."""
+        launch before left its sum); defer: the down launch may leave its own sum to the next linear. x is spent:
+        the result may be made in its memory."""
         rows = x.shape[:-1].numel()
         gu = self.linear(x, gate_up, prologue="rms_norm", norm_weight=norm_weight, eps=eps)
         return self.linear(gu, down, prologue="silu_mul", residual=_module("split_sum").made(x),
-                           defer=defer and self.defers("linear", rows))
+                           defer=defer and self.defers("linear", rows), spend_residual=True)
 
     def sample(self, logits, do_sample, temperature, k_index, top_p, **kw):
         return self._run("sample", "sample", "reference", logits, do_sample, temperature, k_index, top_p, **kw)

@@ -31,6 +31,7 @@ from ._util import require, sm_count
 from .linear_plan import (CONFIG, FMA_ROWS, SWIGLU_IN_DOT_MAX_K, defers_here, norm_steps, one_tile_row, plan,
                           unrolled_splits)
 from .pdl import launch_options
+from .silu_mul import silu_mul
 from .split_sum import SplitSum
 
 __all__ = ["CONFIG", "FMA_ROWS", "MAX_ROWS", "PROLOGUES", "SWIGLU_IN_DOT_MAX_K", "apply_prologue", "exact", "linear",
@@ -326,8 +327,8 @@ def linear(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None,
     require(plan_rows is None or m <= plan_rows <= MAX_ROWS, f"plan_rows between the rows and {MAX_ROWS}")
     p = plan(plan_rows or m, n, k, config, target, sm_count(x.device), prologue)
     if code == 2 and p["PROLOGUE"] == "none":
-        # A long SwiGLU on the tensor-core path (SWIGLU_IN_DOT_MAX_K): its two torch ops, then the matmul here.
-        x2, code = apply_prologue(x2, "silu_mul"), 0
+        # A long SwiGLU on the tensor-core path (SWIGLU_IN_DOT_MAX_K): its own launch, then the matmul here.
+        x2, code = silu_mul(x2, pdl=pdl), 0
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     res = residual.reshape(m, n) if residual is not None else y
     split = p["splits"] > 1

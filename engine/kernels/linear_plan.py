@@ -19,11 +19,11 @@ CONFIG = {"fma": {"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 3
           "dot_silu_mul": {**_DOT, "SWAP_AB": True, "BLOCK_N": 64}}
 
 # On the tensor-core path a SwiGLU prologue over more than this K starves the loads: there the SwiGLU runs as its
-# two torch ops and the kernel does the matmul and the residual.
+# own launch (silu_mul.py) and the kernel does the matmul and the residual.
 SWIGLU_IN_DOT_MAX_K = 4096
 
 # From this many rows a decode linear's matmul runs on cuBLAS (its RMSNorm prologue as the Triton RMSNorm, a SwiGLU
-# as torch's two ops, bias and residual in cuBLAS's epilogue), unless launches are planned alike for batch
+# as the Triton SwiGLU, bias and residual in cuBLAS's epilogue), unless launches are planned alike for batch
 # invariance: at 64 rows cuBLAS takes 5-8 us for the 0.6B's shapes where the skinny kernel's tiles took 15 on
 # average (docs/PERFORMANCE_NOTES.md, linear at many rows).
 CUBLAS_FROM_ROWS = 33

@@ -35,6 +35,13 @@ def test_rms_norm(dtype, m):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", [1, 33, 64])
+def test_silu_mul(dtype, m):
+    for inter in (3072, 6144):  # the 0.6B's and the 1.7B's talker
+        st.check_silu_mul(DEV, dtype, m, inter, seed=m + inter)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("b", [1, 16])
 def test_snake(dtype, b):
     """Every SnakeBeta shape of the real codec at 1 and 32 frames (1 and 16 rows)."""

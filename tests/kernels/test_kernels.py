@@ -419,6 +419,48 @@ def test_many_rows_take_cublas_for_the_matmul(monkeypatch):
     assert launched == [8, 40]
 
 
+def test_many_rows_take_the_swiglu_launch_and_may_sum_into_a_spent_residual():
+    """On cuBLAS a SwiGLU prologue is the Triton SwiGLU's one launch, and with spend_residual the matmul adds into
+    the residual's memory: the same sums as the copy torch's addmm makes first. Without it the residual is kept."""
+    from engine.kernels import linear as kl
+
+    g = torch.Generator().manual_seed(5)
+    gu, w, res = (torch.randn(*shape, generator=g) for shape in ((40, 1, 192), (24, 96), (40, 1, 24)))
+    ks = kernels.Kernels(kernels.NAMES)
+    want = kl.reference(gu, w, prologue="silu_mul", residual=res)
+    kept = res.clone()
+    torch.testing.assert_close(ks.linear(gu, w, prologue="silu_mul", residual=res), want)
+    assert torch.equal(res, kept)
+    got = ks.linear(gu, w, prologue="silu_mul", residual=res, spend_residual=True)
+    assert got.data_ptr() == res.data_ptr() and got.shape == want.shape
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,inter", [(1, 64), (3, 1000), (40, 1536)])
+def test_silu_mul(dtype, m, inter):
+    st.check_silu_mul(DEV, dtype, m, inter, seed=m + inter)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_stack_step_at_many_rows_matches_the_reference_and_keeps_its_input(dtype):
+    """A 3-layer stack step of 40 rows (cuBLAS matmuls, the Triton RMSNorm and SwiGLU, residual sums made in the
+    layers' own spent rows) == the same step with every op as its torch reference; the caller's input is kept."""
+    from engine.gpu.fused_layers import FusedStack
+    from engine.model.kv_cache import KVCache
+
+    fs = st.predictor_stack(DEV, dtype, hidden=32, inter=128, layers=3, nh=2, nkv=2, std=0.1)
+    x = torch.randn(40, 1, 32, generator=torch.Generator().manual_seed(2)).to(dtype)
+    kept = x.clone()
+    pos, bias = torch.tensor([0]), torch.where(torch.arange(8) <= 0, 0.0, float("-inf")).to(dtype)
+    outs = []
+    for ks in (kernels.Kernels(), kernels.Kernels(kernels.NAMES)):
+        outs.append(FusedStack(fs.stack, ks).step(x, KVCache(3, 40, 2, 8, 32, dtype, DEV), pos, bias))
+        assert torch.equal(x, kept)
+    tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 6e-2, "rtol": 3e-2}
+    torch.testing.assert_close(outs[1], outs[0], **tol)
+
+
 def test_linear_plan_paths():
     """FMAs up to FMA_ROWS rows; above, the swapped tensor-core product when a prologue is fused, the plain
     one otherwise and for a long SwiGLU (which torch runs)."""

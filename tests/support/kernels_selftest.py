@@ -50,6 +50,13 @@ def check_rms_norm(device, dtype, m, n, seed=0):
     _close(k.rms_norm(x, w, 1e-6), k.reference(x, w, 1e-6), TOL[dtype], f"rms_norm {dtype} M={m} N={n}")
 
 
+def check_silu_mul(device, dtype, m, inter, seed=0):
+    from engine.kernels import silu_mul as k
+
+    x = _rand((m, 1, 2 * inter), dtype, device, seed, 3.0)
+    _close(k.silu_mul(x), k.reference(x), TOL[dtype], f"silu_mul {dtype} M={m} I={inter}")
+
+
 # SnakeBeta inputs of the real codec: (channels, samples) of each wave block at 1 and 32 frames
 SNAKE_SHAPES = [(1536, 4), (768, 32), (384, 160), (192, 640), (96, 1920), (1536, 128), (96, 61440)]
 
@@ -588,6 +595,7 @@ def run_all(device="cuda", verbose=True):
         for m in (1, 4, 8, 16):
             for n in (1024, 2048):
                 check_rms_norm(device, dt, m, n)
+            check_silu_mul(device, dt, m * 4, 3072)
             check_qk_norm_rope_kv(device, dt, m)
             for w in (16, 256, 1024):
                 check_attention(device, dt, m, seq=max(64, w), window=w, filled=w - 3, block_n=64)

@@ -49,7 +49,7 @@ def attention_launches(rows: int) -> None:
 
 
 def small_launches(rows: int) -> None:
-    """rms_norm, qk_norm_rope_kv, and sampling: the residual codebooks' bf16 logits (2048 ids, 16-bit keys),
+    """rms_norm, silu_mul, qk_norm_rope_kv, and sampling: the residual codebooks' bf16 logits (2048 ids, 16-bit keys),
     float32 logits at the talker's 3072, the embedding rows handed back (into the frame's slots too), and codebook
     0 with its penalty; the frame graph's glue (frame_glue) at the 0.6B and 1.7B talker widths."""
     from engine import sampling
@@ -57,6 +57,7 @@ def small_launches(rows: int) -> None:
     from tests.support import kernels_selftest as st
 
     st.check_rms_norm("cpu", BF16, rows, 1024)
+    st.check_silu_mul("cpu", BF16, rows, 3072)
     st.check_qk_norm_rope_kv("cpu", BF16, rows, seq=64, per_row=rows > 1)
     draw = {"keys": sampling.take_keys(0, range(rows), "cpu"), "step": torch.tensor([3]), "slot": 0}
     for vocab, dtype in ((2048, BF16), (3072, torch.float32)):
