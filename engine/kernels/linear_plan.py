@@ -24,9 +24,9 @@ SWIGLU_IN_DOT_MAX_K = 4096
 
 # From this many rows a decode linear's matmul runs on cuBLAS (its RMSNorm prologue as the Triton RMSNorm, a SwiGLU
 # as the Triton SwiGLU, bias and residual in cuBLAS's epilogue), unless launches are planned alike for batch
-# invariance: at 64 rows cuBLAS takes 5-8 us for the 0.6B's shapes where the skinny kernel's tiles took 15 on
-# average (docs/PERFORMANCE_NOTES.md, linear at many rows).
-CUBLAS_FROM_ROWS = 33
+# invariance. Frames run at the graph buckets' rows: a 0.6B frame of 32 rows took 4.7 ms this way against 5.1 on the
+# Triton linear, one of 16 rows 4.6 against 3.9 (docs/PERFORMANCE_NOTES.md, linear at many rows).
+CUBLAS_FROM_ROWS = 17
 
 # The last split-K arrival sums up to this many partials in one unrolled round of loads; more in a loop.
 UNROLL_SPLITS = 16
