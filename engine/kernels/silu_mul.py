@@ -34,17 +34,11 @@ def _kernel():
     import triton
     import triton.language as tl
 
+    from . import linear
     from .pdl import enter
     _pdl_enter = enter()
-
-    @triton.jit
-    def _round(x, dt: tl.constexpr, EMULATE_RNE: tl.constexpr):
-        """fp32 -> dt, round to nearest even (the interpreter's cast truncates: there it is done on the bits)."""
-        if EMULATE_RNE:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            x = bits.to(tl.float32, bitcast=True)
-        return x.to(dt)
+    linear._kernel()
+    _round = linear._round  # the linear's rounding, so its SwiGLU prologue and this launch round alike
 
     @triton.jit
     def silu_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr, EMULATE_RNE: tl.constexpr,
