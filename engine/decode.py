@@ -117,7 +117,9 @@ class SlotTable:
 
 class EagerFrames:
     """Runs each frame as ordinary PyTorch calls over the talker and its code predictor. Rows at different
-    positions attend one by one (engine/model/layers.Attention), so each row equals itself run alone."""
+    positions attend one by one (engine/model/layers.Attention), so each row equals itself run alone. A frame
+    steps only the slots up to the highest one held (a loop fills its lowest free slots), so a lone request in a
+    server's 64-slot loop costs one row's frame, not 64."""
 
     active_kernels = ()  # plain torch: no Triton kernels run here
 
@@ -131,7 +133,7 @@ class EagerFrames:
         vocab, hidden = w.shape
         self.params, self.eos_id = params, eos_id
         self.slot_params = [params] * slots  # each slot's sampling settings (empty slots: the loop's)
-        self.groups = None  # slots by settings, made when first needed after an admission
+        self.groups = {}  # stepped slots -> those slots by settings, made when first needed after an admission
         self.cache = t.new_cache(slots, max_len)
         self.hidden = torch.zeros(slots, hidden, dtype=w.dtype, device=w.device)
         self.keys = torch.zeros(slots, dtype=torch.long, device=w.device)
@@ -154,72 +156,82 @@ class EagerFrames:
         for s in slots:
             self.trailing[s] = table
             self.slot_params[s] = params or self.params
-        self.groups = None
+        self.groups = {}
 
     def retire(self, slots: list) -> None:
         self.finished[device_longs(slots, self.hidden.device)] = True
 
-    def _by_settings(self, pick) -> torch.Tensor:
+    def _by_settings(self, pick, stepped: int) -> torch.Tensor:
         """pick(params, slots, index) -> ids [len(slots)] for the slots sampling with `params` (slots and index
-        None: every slot, the usual case of one setting, run as one batch); the ids of every slot. Each row's
-        sampling reads only its own row, so a group's rows pick as they would alone."""
-        if self.groups is None:
+        None: every stepped slot, the usual case of one setting, run as one batch); the ids of the first `stepped`
+        slots. Each row's sampling reads only its own row, so a group's rows pick as they would alone."""
+        if stepped not in self.groups:
             by = {}
-            for s, p in enumerate(self.slot_params):
+            for s, p in enumerate(self.slot_params[:stepped]):
                 by.setdefault(p, []).append(s)
-            self.groups = [(p, None, None) for p in by] if len(by) == 1 else \
+            self.groups[stepped] = [(p, None, None) for p in by] if len(by) == 1 else \
                 [(p, slots, device_longs(slots, self.hidden.device)) for p, slots in by.items()]
         out = None
-        for p, slots, index in self.groups:
+        for p, slots, index in self.groups[stepped]:
             if slots is None:
                 return pick(p, None, None)
             ids = pick(p, slots, index)
             if out is None:
-                out = torch.empty(len(self.slot_params), dtype=ids.dtype, device=ids.device)
+                out = torch.empty(stepped, dtype=ids.dtype, device=ids.device)
             out[index] = ids
         return out
 
     def _choose_c0(self, steps: list, t: torch.Tensor) -> torch.Tensor:
-        logits = self.talker.codec_logits(self.hidden).float()
+        n = len(steps)
+        logits = self.talker.codec_logits(self.hidden[:n]).float()
+        seen, keys = self.seen[:n], self.keys[:n]
 
         def pick(p, slots, rows):
             mine = steps if slots is None else [steps[s] for s in slots]
-            lg = sampling.penalize_repeats(_rows(logits, rows), _rows(self.seen, rows), p.repetition_penalty)
+            lg = sampling.penalize_repeats(_rows(logits, rows), _rows(seen, rows), p.repetition_penalty)
             early = torch.tensor([s < p.min_new_tokens for s in mine], device=lg.device)
             lg = lg.masked_fill(torch.where(early[:, None], self.banned_early, self.banned), float("-inf"))
-            u = sampling.uniforms(_rows(self.keys, rows), _rows(t, rows), 0, lg.shape[-1]) if p.do_sample else None
+            u = sampling.uniforms(_rows(keys, rows), _rows(t, rows), 0, lg.shape[-1]) if p.do_sample else None
             return sampling.choose(lg, p.do_sample, p.temperature, p.top_k, p.top_p, u)
 
-        return self._by_settings(pick)
+        return self._by_settings(pick, n)
 
     def next_frame(self, host: SlotTable) -> tuple[torch.Tensor, torch.Tensor]:
-        steps = host.frames
+        slots = len(host.row)
+        n = max((s for s, r in enumerate(host.row) if r >= 0), default=0) + 1  # the slots this frame steps
+        steps = host.frames[:n]
         t = torch.tensor(steps, device=self.hidden.device)
         c0 = self._choose_c0(steps, t)
-        self.seen.scatter_(1, c0[:, None], True)
-        self.finished |= c0 == self.eos_id
+        self.seen[:n].scatter_(1, c0[:, None], True)
+        self.finished[:n] |= c0 == self.eos_id
+
+        keys = self.keys[:n]
 
         def choose_residual(logits, j):  # codebook j of frame t
             def pick(p, slots, rows):
                 lg = _rows(logits, rows)
-                u = sampling.uniforms(_rows(self.keys, rows), _rows(t, rows), j, lg.shape[-1]) \
+                u = sampling.uniforms(_rows(keys, rows), _rows(t, rows), j, lg.shape[-1]) \
                     if p.subtalker_dosample else None
                 return sampling.choose(lg, p.subtalker_dosample, p.subtalker_temperature, p.subtalker_top_k,
                                        p.subtalker_top_p, u)
 
-            return self._by_settings(pick)
+            return self._by_settings(pick, n)
 
         c0_embed = self.talker.embed_codec(c0)
-        rest = self.predictor.predict(self.hidden, c0_embed, choose_residual, self.pred_cache)
+        hidden = self.hidden[:n]
+        rest = self.predictor.predict(hidden, c0_embed, choose_residual, self.pred_cache.head(n))
         frame = torch.cat([c0[:, None], rest], 1)
-        valid = ~self.finished & torch.tensor(host.alive(), device=c0.device)
+        valid = ~self.finished[:n] & torch.tensor(host.alive()[:n], device=c0.device)
 
         # Next talker input: one 16-term reduction as upstream forms it, plus each row's trailing text.
         x = self.predictor.residual_embedding_sum(rest, c0_embed)
         x = x + torch.stack([tab[min(s, tab.shape[0] - 1)] for tab, s in zip(self.trailing, steps)])
-        positions = host.positions()
+        positions = host.positions()[:n]
         start = positions[0] if len(set(positions)) == 1 else positions  # one shared position: one batched step
-        self.hidden = self.talker.forward_hidden(x[:, None], self.cache, start)[:, 0]
+        hidden.copy_(self.talker.forward_hidden(x[:, None], self.cache.head(n), start)[:, 0])
+        if n < slots:  # the slots past the held ones made no frame
+            frame = torch.cat([frame, frame.new_zeros(slots - n, frame.shape[1])])
+            valid = torch.cat([valid, valid.new_zeros(slots - n)])
         return frame, valid
 
 

@@ -334,6 +334,30 @@ def test_few_rows_in_many_slots_step_only_their_own(eos_checkpoint):
         _assert_equals_alone(eager, job, got)
 
 
+def test_the_eager_runner_steps_only_the_slots_up_to_the_highest_held(custom):
+    """In a 16-slot loop the eager runner steps the slots up to the highest one held (a lone request: one row,
+    not 16), reports the slots past them as no frame, and each request still equals itself generated alone."""
+    widths, real = [], custom.talker.forward_hidden
+
+    def forward_hidden(embeds, cache, start):
+        if embeds.shape[1] == 1:  # a frame's step (a prefill is many positions of one row)
+            widths.append((embeds.shape[0], cache.batch))
+        return real(embeds, cache, start)
+
+    p = custom.defaults.replace(max_new_tokens=16)
+    jobs = [(_custom("A lone line."), {"seed": 1, "params": p}),
+            (_custom("Then two takes.", speaker="vivian"), {"takes": 2, "seed": 2, "params": p})]
+    custom.talker.forward_hidden = forward_hidden
+    try:
+        with Scheduler(custom, max_rows=16, chunk_frames=4) as s:
+            results = [_collect(s.submit(what, **kw)) for what, kw in jobs]  # one after the other
+    finally:
+        del custom.talker.forward_hidden
+    assert widths and {w for w, _ in widths} == {1, 2} and all(w == b for w, b in widths)
+    for job, got in zip(jobs, results):
+        _assert_equals_alone(custom, job, got)
+
+
 @pytest.mark.parametrize("graph", [False, True])
 def test_a_row_given_up_ends_at_that_boundary(no_eos, graph):
     """decode_rows with a source that gives row 0 up after its second chunk: the row ends in that chunk, its slot
