@@ -197,14 +197,13 @@ class EagerFrames:
         return self._by_settings(pick, n)
 
     def next_frame(self, host: SlotTable) -> tuple[torch.Tensor, torch.Tensor]:
-        slots = len(host.row)
+        width = len(host.row)
         n = max((s for s, r in enumerate(host.row) if r >= 0), default=0) + 1  # the slots this frame steps
         steps = host.frames[:n]
         t = torch.tensor(steps, device=self.hidden.device)
         c0 = self._choose_c0(steps, t)
         self.seen[:n].scatter_(1, c0[:, None], True)
         self.finished[:n] |= c0 == self.eos_id
-
         keys = self.keys[:n]
 
         def choose_residual(logits, j):  # codebook j of frame t
@@ -229,9 +228,9 @@ class EagerFrames:
         positions = host.positions()[:n]
         start = positions[0] if len(set(positions)) == 1 else positions  # one shared position: one batched step
         hidden.copy_(self.talker.forward_hidden(x[:, None], self.cache.head(n), start)[:, 0])
-        if n < slots:  # the slots past the held ones made no frame
-            frame = torch.cat([frame, frame.new_zeros(slots - n, frame.shape[1])])
-            valid = torch.cat([valid, valid.new_zeros(slots - n)])
+        if n < width:  # the slots past the held ones made no frame
+            frame = torch.cat([frame, frame.new_zeros(width - n, frame.shape[1])])
+            valid = torch.cat([valid, valid.new_zeros(width - n)])
         return frame, valid
 
 
