@@ -159,15 +159,9 @@ class CodecSession:
         self.started: set = set()  # rows whose utterance has begun in a slot
 
     def _root_state(self):
-        """The slots' state; a private one is zeros shaped like a one-row state that decoded a frame (one row's
-        decode allocates every buffer, a whole-width one would cost a frame of every slot)."""
+        """The slots' state: the graphs' shared one, or a private fresh one (CodecDecoder.fresh_state)."""
         if self.root is None:
-            from .codec.decoder import DecodeState
-
-            one = DecodeState()
-            codes = torch.zeros(1, self.decoder.cfg.num_quantizers, 1, dtype=torch.long, device=self._device())
-            self.decoder(codes, one, check=False)
-            self.root = one.widened(self.root_rows)
+            self.root = self.decoder.fresh_state(self.root_rows)
         return self.root
 
     def _one_row_start(self, ref):

@@ -52,6 +52,7 @@ class CodecDecoder(nn.Module):
         hold device memory after Engine.release() moved the weights to the CPU."""
         for m in self.modules():
             m.__dict__.pop("_derived", None)
+        self.__dict__.pop("_blank", None)
         return super()._apply(fn, recurse)
 
     def use_kernels(self, kernels) -> None:
@@ -79,6 +80,18 @@ class CodecDecoder(nn.Module):
                 f"codec codes must lie in 0..{size - 1}; got values from {lo} to {hi}. Pad frames (-1) and "
                 "control tokens (>= 2048) must be removed before decoding."
             )
+
+    def fresh_state(self, batch: int) -> DecodeState:
+        """A fresh state of `batch` rows with every buffer allocated. The buffers' shapes come from one row's
+        decode of a zero frame, made once and kept (a move or cast drops it), not at every loop's start."""
+        blank = self.__dict__.get("_blank")
+        if blank is None:
+            blank = DecodeState()
+            codes = torch.zeros(1, self.cfg.num_quantizers, 1, dtype=torch.long, device=next(self.parameters()).device)
+            with torch.inference_mode():
+                self(codes, blank, check=False)
+            self.__dict__["_blank"] = blank
+        return blank.widened(batch)
 
     def state_after(self, ref_codes: torch.Tensor) -> DecodeState:
         """A one-row state after ICL reference codes [R, Q] (left context, never emitted), its buffers allocated."""
