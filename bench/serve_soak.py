@@ -95,7 +95,7 @@ def plan(n: int, rng: random.Random, frames: tuple[int, int], voice: str, leave_
 
 
 def judge(action: dict, rec: dict, exact: bool) -> str | None:
-    """What is wrong with one response, or None."""
+    """What is wrong with one response, or None. A whole response's take is kept in rec["take"]."""
     status, kind = rec["status"], action["kind"]
     if status is not None and status >= 500:
         return f"status {status}: {rec['json']}"
@@ -113,7 +113,7 @@ def judge(action: dict, rec: dict, exact: bool) -> str | None:
     if not rec["done"]:
         return f"incomplete: {rec['bytes']} bytes ({rec['error']})"
     if kind == "whole":
-        codes, samples = whole_take(rec["pcm"])
+        codes, samples = rec["take"] = whole_take(rec["pcm"])  # kept for the replay's comparison
         got, want = (len(codes) // 32, len(samples) // 4), (action["frames"], action["frames"] * FRAME_BYTES // 2)
         return None if (got == want if exact else 0 < got[1]) else f"{got} (frames, samples), expected {want}"
     want = action["frames"] * FRAME_BYTES
@@ -183,7 +183,7 @@ async def replay(url: str, actions: list) -> list:
             if rec["status"] != 200 or not rec["done"]:
                 out.append((a["i"], None, None))
             elif a["kind"] == "whole":
-                (codes, samples), (codes0, samples0) = whole_take(rec["pcm"]), whole_take(a["rec"]["pcm"])
+                (codes, samples), (codes0, samples0) = whole_take(rec["pcm"]), a["rec"]["take"]
                 out.append((a["i"], pcm_difference(samples, samples0, "<f4"), codes == codes0))
             else:
                 out.append((a["i"], pcm_difference(rec["pcm"], a["rec"]["pcm"]), None))

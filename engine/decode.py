@@ -104,6 +104,11 @@ class SlotTable:
         """Cache position each slot writes at in its next step."""
         return [n + min(f, max(lim - 1, 0)) for n, f, lim in zip(self.length, self.frames, self.limit)]
 
+    def held_span(self) -> int:
+        """Slots up to the highest one held (at least one): a loop fills its lowest free slots, so a frame of
+        these slots steps every row held."""
+        return max((s for s, r in enumerate(self.row) if r >= 0), default=0) + 1
+
     def alive(self) -> list:
         return [r >= 0 and f < lim for r, f, lim in zip(self.row, self.frames, self.limit)]
 
@@ -181,10 +186,10 @@ class EagerFrames:
             out[index] = ids
         return out
 
-    def _choose_c0(self, steps: list, t: torch.Tensor) -> torch.Tensor:
+    def _choose_c0(self, steps: list, t: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         n = len(steps)
         logits = self.talker.codec_logits(self.hidden[:n]).float()
-        seen, keys = self.seen[:n], self.keys[:n]
+        seen = self.seen[:n]
 
         def pick(p, slots, rows):
             mine = steps if slots is None else [steps[s] for s in slots]
@@ -197,14 +202,12 @@ class EagerFrames:
         return self._by_settings(pick, n)
 
     def next_frame(self, host: SlotTable) -> tuple[torch.Tensor, torch.Tensor]:
-        width = len(host.row)
-        n = max((s for s, r in enumerate(host.row) if r >= 0), default=0) + 1  # the slots this frame steps
-        steps = host.frames[:n]
+        width, n = len(host.row), host.held_span()  # n: the slots this frame steps
+        steps, keys = host.frames[:n], self.keys[:n]
         t = torch.tensor(steps, device=self.hidden.device)
-        c0 = self._choose_c0(steps, t)
+        c0 = self._choose_c0(steps, t, keys)
         self.seen[:n].scatter_(1, c0[:, None], True)
         self.finished[:n] |= c0 == self.eos_id
-        keys = self.keys[:n]
 
         def choose_residual(logits, j):  # codebook j of frame t
             def pick(p, slots, rows):
@@ -218,7 +221,9 @@ class EagerFrames:
 
         c0_embed = self.talker.embed_codec(c0)
         hidden = self.hidden[:n]
-        rest = self.predictor.predict(hidden, c0_embed, choose_residual, self.pred_cache.head(n))
+        whole = n == width
+        cache, pred_cache = (self.cache, self.pred_cache) if whole else (self.cache.head(n), self.pred_cache.head(n))
+        rest = self.predictor.predict(hidden, c0_embed, choose_residual, pred_cache)
         frame = torch.cat([c0[:, None], rest], 1)
         valid = ~self.finished[:n] & torch.tensor(host.alive()[:n], device=c0.device)
 
@@ -227,8 +232,8 @@ class EagerFrames:
         x = x + torch.stack([tab[min(s, tab.shape[0] - 1)] for tab, s in zip(self.trailing, steps)])
         positions = host.positions()[:n]
         start = positions[0] if len(set(positions)) == 1 else positions  # one shared position: one batched step
-        hidden.copy_(self.talker.forward_hidden(x[:, None], self.cache.head(n), start)[:, 0])
-        if n < width:  # the slots past the held ones made no frame
+        hidden.copy_(self.talker.forward_hidden(x[:, None], cache, start)[:, 0])
+        if not whole:  # the slots past the held ones made no frame
             frame = torch.cat([frame, frame.new_zeros(width - n, frame.shape[1])])
             valid = torch.cat([valid, valid.new_zeros(width - n)])
         return frame, valid

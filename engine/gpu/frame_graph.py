@@ -439,8 +439,7 @@ class GraphedFrames:
         Slots it leaves out are empty; their valid flags are cleared as they drop out, so a frame there never
         reads as speech."""
         s = self.s
-        held = max((i for i, r in enumerate(host.row) if r >= 0), default=0) + 1
-        rows = min(batch_bucket(held), s.batch)
+        rows = min(batch_bucket(host.held_span()), s.batch)
         if rows < self.stepped:
             s.valid[rows: self.stepped].zero_()
         self.stepped = rows

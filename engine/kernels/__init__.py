@@ -139,17 +139,13 @@ class Kernels:
 
     def _cublas_linear(self, x, weight, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
                        spend_residual=False):
-        """The linear's torch reference with its prologue as one Triton launch (the RMSNorm, or the SwiGLU); with
-        spend_residual, the matmul adds into the residual's memory, where torch's addmm would copy it first."""
+        """The linear's torch reference with its prologue as one Triton launch (the RMSNorm, or the SwiGLU)."""
         if prologue == "rms_norm":
             x, prologue = self.rms_norm(x, norm_weight, eps), "none"
         elif prologue == "silu_mul":
             x, prologue = _module("silu_mul").silu_mul(x, pdl=self.pdl), "none"
-        if spend_residual and prologue == "none" and residual is not None and bias is None and residual.is_contiguous():
-            lead = x.shape[:-1]
-            out = residual.view(-1, weight.shape[0])
-            return out.addmm_(x.reshape(-1, x.shape[-1]), weight.t()).view(*lead, -1)  # the same sums, in place
-        return _module("linear").reference(x, weight, prologue=prologue, bias=bias, residual=residual)
+        return _module("linear").reference(x, weight, prologue=prologue, bias=bias, residual=residual,
+                                           spend_residual=spend_residual)
 
     def rms_norm(self, x, weight, eps):
         return self._run("rms_norm", "rms_norm", "reference", x, weight, eps)

@@ -56,13 +56,18 @@ def apply_prologue(x, prologue="none", norm_weight=None, eps=1e-6):
     return x
 
 
-def reference(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None):
+def reference(x, weight, *, prologue="none", norm_weight=None, eps=1e-6, bias=None, residual=None,
+              spend_residual=False):
     """The torch ops this kernel replaces (the off path). On CUDA, cuBLAS adds bias and residual to the
-    fp32 sum and rounds once, like the kernel; CPU bf16 addmm may round twice."""
+    fp32 sum and rounds once, like the kernel; CPU bf16 addmm may round twice. spend_residual: the caller reads
+    the residual no more, so a contiguous one without a bias takes the result in place (the same sums, without
+    addmm's copy of it first)."""
     x = apply_prologue(x, prologue, norm_weight, eps)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if residual is not None:
+        if spend_residual and bias is None and residual.is_contiguous():
+            return residual.view(-1, weight.shape[0]).addmm_(x2, weight.t()).view(*lead, -1)
         base = residual.reshape(-1, weight.shape[0])
         if bias is not None:
             base = base + bias
