@@ -15,6 +15,7 @@ two windows of `--seconds` under the same load:
 Under arrivals at a rate, the loop's phases are timed freely, and each request's first audio is split into
 `prepare` (submit's own work: text and prompt), `wait` (queued until the loop's next boundary took its rows) and
 `join` (from then to its first chunk: its prefill, the first chunk's frames, the codec pass, the hand-over).
+A Base checkpoint's requests are ICL clones of the serving benches' saved voice (serve_voice.py).
 `--configs SIZE:TYPE` writes real-size random checkpoints (EOS disabled, in $BENCH_CKPT_DIR), so every request
 decodes exactly its sentence's natural length.
 
@@ -107,12 +108,15 @@ def mark_phases(engine) -> None:
         codec_session.CodecSession.push.marked = True
 
 
-def sentences() -> list:
-    """The real-length mix as (request, natural frames)."""
+def sentences(voice=None) -> list:
+    """The real-length mix as (request, natural frames): preset-speaker requests, or with `voice` (a Base
+    checkpoint) ICL clones of it."""
     from engine import Request
 
-    return [(Request(mode="custom", text=text, language=lang, speaker=SPEAKER), frames)
-            for lang, text, frames in script()]
+    if voice is None:
+        return [(Request(mode="custom", text=text, language=lang, speaker=SPEAKER), frames)
+                for lang, text, frames in script()]
+    return [(Request(mode="clone", text=text, language=lang, voice=voice), frames) for lang, text, frames in script()]
 
 
 def submit(scheduler, engine, mix: list, n: int, first: int):
@@ -125,9 +129,8 @@ def submit(scheduler, engine, mix: list, n: int, first: int):
 class Load:
     """`streams` callers, each submitting the next sentence of the mix when its last one ends."""
 
-    def __init__(self, scheduler, engine, streams: int, first: int):
-        self.s, self.engine, self.first = scheduler, engine, first
-        self.mix = sentences()
+    def __init__(self, scheduler, engine, mix: list, streams: int, first: int):
+        self.s, self.engine, self.first, self.mix = scheduler, engine, first, mix
         self.lock, self.audio_s, self.stop, self.errors = threading.Lock(), 0.0, False, []
         self.threads = [threading.Thread(target=self._caller, args=(i,), daemon=True) for i in range(streams)]
         for t in self.threads:
@@ -166,10 +169,10 @@ class Arrivals:
 
     PARTS = ("prepare", "wait", "join", "first")
 
-    def __init__(self, scheduler, engine, rate: float, seconds: float, first: int, seed: int = 0):
+    def __init__(self, scheduler, engine, mix: list, rate: float, seconds: float, first: int, seed: int = 0):
         import random
 
-        self.s, self.engine, self.mix, self.first = scheduler, engine, sentences(), first
+        self.s, self.engine, self.mix, self.first = scheduler, engine, mix, first
         self.rate, self.seconds, self.rng = rate, seconds, random.Random(seed)
         self.lock, self.records, self.errors = threading.Lock(), [], []
 
@@ -211,24 +214,39 @@ def run_config(model: Path, label: str, args) -> dict:
     from engine import Engine, Scheduler
 
     load = {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs, "triton": args.triton}
+    voice = bench_voice(model, load)
     engine = Engine.load(model, max_takes=args.rows, warm_takes=args.rows, **load)
     mark_phases(engine)
-    out = {"label": label, "model": str(model), "engine": engine.info.summary(), "rows": args.rows,
+    mix = sentences(voice)
+    out = {"label": label, "model": str(model), "mode": mix[0][0].mode, "engine": engine.info.summary(), "rows": args.rows,
            "streams": args.streams, "boundary_frames": args.boundary_frames,
            "first_chunk_frames": args.first_chunk_frames}
     with Scheduler(engine, max_rows=args.rows, max_queue=max(64, 2 * args.streams),
                    chunk_frames=args.boundary_frames) as s:
-        out["rates"] = [arrivals(s, engine, rate, label, args) for rate in args.rates]
+        out["rates"] = [arrivals(s, engine, mix, rate, label, args) for rate in args.rates]
         if args.streams > 0:
-            saturate(s, engine, label, args, out)
+            saturate(s, engine, mix, label, args, out)
     engine.release()
     return out
 
 
-def arrivals(s, engine, rate: float, label: str, args) -> dict:
+def bench_voice(model: Path, load: dict):
+    """A Base checkpoint's requests clone the serving benches' saved voice (serve_voice.py); None otherwise."""
+    import json
+
+    if json.loads((model / "config.json").read_text()).get("tts_model_type") != "base":
+        return None
+    from serve_voice import saved_voice
+
+    from engine.voice import Voice
+
+    return Voice.load(saved_voice(model, model.parent / f"{model.name}-voices", load))
+
+
+def arrivals(s, engine, mix: list, rate: float, label: str, args) -> dict:
     """One window of Poisson arrivals (the first requests, which find the loop idle, are left out: a warm-up)."""
-    Arrivals(s, engine, rate, max(1.0, 4 / rate), args.first_chunk_frames).run()
-    a = Arrivals(s, engine, rate, args.seconds, args.first_chunk_frames, seed=1)
+    Arrivals(s, engine, mix, rate, max(1.0, 4 / rate), args.first_chunk_frames).run()
+    a = Arrivals(s, engine, mix, rate, args.seconds, args.first_chunk_frames, seed=1)
     with PHASE_TIMES.window(sync=False) as w:
         a.run()
     if a.errors:
@@ -236,9 +254,9 @@ def arrivals(s, engine, rate: float, label: str, args) -> dict:
     return {"rate": rate, **a.summary(), "steps_per_s": w["steps_per_s"], "phases": w["phases"]}
 
 
-def saturate(s, engine, label: str, args, out: dict) -> None:
+def saturate(s, engine, mix: list, label: str, args, out: dict) -> None:
     """The free and synced windows under `args.streams` closed-loop callers."""
-    load_ = Load(s, engine, args.streams, args.first_chunk_frames)
+    load_ = Load(s, engine, mix, args.streams, args.first_chunk_frames)
     try:
         time.sleep(args.warm_s)  # every caller has joined once; the rows are full
         for window in ("free", "synced"):
@@ -291,8 +309,9 @@ def saturation_table(results: list) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, action="append", default=[], help="a CustomVoice checkpoint folder")
-    ap.add_argument("--configs", nargs="+", default=[], help="SIZE:custom_voice random checkpoints, e.g. 0.6b:custom_voice")
+    ap.add_argument("--model", type=Path, action="append", default=[],
+                    help="a CustomVoice or Base checkpoint folder (Base: ICL clones of the benches' saved voice)")
+    ap.add_argument("--configs", nargs="+", default=[], help="SIZE:TYPE random checkpoints, e.g. 0.6b:base")
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--streams", type=int, default=64, help="closed-loop callers (0: no saturated windows)")
     ap.add_argument("--rates", type=float, nargs="*", default=[], help="Poisson arrivals a second, a window each")
@@ -312,7 +331,7 @@ def main(argv=None) -> int:
 
         runs += [(checkpoint(*c.partition(":")[::2]), c) for c in args.configs]
     if not runs:
-        ap.error("give --model DIR or --configs SIZE:custom_voice")
+        ap.error("give --model DIR or --configs SIZE:TYPE")
     results = []
     for model, label in runs:
         results.append(run_config(model, label, args))
