@@ -12,7 +12,10 @@ ICL reference (or none), decodes as one batch ("together": takes of a line, the 
 Rows that join later or have several voices stream "slotted": the rows of a state belong to different
 utterances, each at its own position (a row starts fresh, or from the one-row state after its reference),
 and each chunk decodes every slot up to the highest one held as one batch, on the smallest view of the
-state's first rows that holds them (a loop fills its lowest free slots: a lone row decodes alone). Whole-utterance
+state's first rows that holds them (a loop fills its lowest free slots: a lone row decodes alone). A batch
+invariant engine's slotted streams decode every slot, one frame at a time, instead: the codec's kernels choose their
+sum order by the batch and piece shape, so only one shape for every chunk gives a row the same samples whatever
+rows run beside it and wherever the loop's chunk boundaries fall. Whole-utterance
 calls with such rows give each row a state of its own; with graphs the rows take turns on the one-row
 bucket's captured state.
 """
@@ -48,11 +51,12 @@ class CodecSession:
     holding its slot from the first frame to its end, and all refs are one. stream: `push` returns each
     row's new audio (on the host); otherwise `finish` returns every row's whole audio (on the device).
     side: the CUDA stream the codec runs on (None: the current one). slots: the loop's slots (streams of rows
-    that are not together; default len(refs))."""
+    that are not together; default len(refs)). invariant: a slotted stream decodes every slot one frame at a
+    time (EngineConfig.batch_invariant), so each row's samples never depend on the other rows or the chunks."""
 
     def __init__(self, decoder, graphs, refs: list, *, together: bool, stream: bool, side=None,
-                 slots: int | None = None):
-        self.decoder, self.graphs, self.refs = decoder, graphs, refs
+                 slots: int | None = None, invariant: bool = False):
+        self.decoder, self.graphs, self.refs, self.invariant = decoder, graphs, refs, invariant
         self.stream, self.side, self.together = stream, side, together
         self.groups: dict[int, _Group] = {}  # row (-1: the together group) -> its group
         self.current = None  # per-row with graphs: the row whose state sits in the one-row bucket's buffers
@@ -175,8 +179,10 @@ class CodecSession:
 
     def _rows_state(self, span: int):
         """The view a chunk whose held slots end at `span` decodes on: with graphs, the smallest captured view
-        that holds them; else exactly `span` rows."""
+        that holds them; else exactly `span` rows. Invariant: every slot."""
         root = self._root_state()
+        if self.invariant:
+            span = self.root_rows
         if self.root_shared:
             rows = batch_bucket(span)
             return rows, self.graphs.view(self.root_rows, rows)
@@ -195,10 +201,10 @@ class CodecSession:
         codes = chunk.codes[:rows].masked_fill(~chunk.valid[:rows, :, None], 0).transpose(1, 2)
         if codes.shape[0] < rows:  # a view wider than the loop's slots: zero rows
             codes = torch.cat([codes, codes.new_zeros(rows - codes.shape[0], *codes.shape[1:])])
-        if self.graphs is not None:
-            wav = self.graphs.decode(codes, state)
+        if self.invariant:  # one shape for every chunk: [every slot, one frame]
+            wav = torch.cat([self._decode(codes[..., f: f + 1], state) for f in range(codes.shape[-1])], 1)
         else:
-            wav = self.decoder(codes, state, check=False)
+            wav = self._decode(codes, state)
         wav = wav.float().cpu()  # one copy for every row; it waits for this stream only
         real, codes_host = chunk.valid.sum(1).tolist(), chunk.codes.cpu()
         out = []
@@ -210,6 +216,11 @@ class CodecSession:
         return out
 
     # -- decoding ----------------------------------------------------------------------------------
+
+    def _decode(self, codes: torch.Tensor, state) -> torch.Tensor:
+        if self.graphs is not None:
+            return self.graphs.decode(codes, state)
+        return self.decoder(codes, state, check=False)
 
     def _flush(self, row: int, final: bool) -> torch.Tensor | None:
         """Decode what group `row` has pending (whole mode: whole pieces only, until its end)."""

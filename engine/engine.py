@@ -212,7 +212,7 @@ class Engine:
         a side stream."""
         side = torch.cuda.Stream(self.device) if self.codec_graphs is not None else None
         return CodecSession(self.codec.decoder, self.codec_graphs, refs, together=together, stream=stream, side=side,
-                            slots=slots)
+                            slots=slots, invariant=self.config.batch_invariant)
 
     # -- synthesis -----------------------------------------------------------------------------
 

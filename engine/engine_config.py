@@ -36,7 +36,10 @@ class EngineConfig:
                  this many rows never wait for a capture (each row holds its own K/V cache)
     batch_invariant  every row decodes to the same codes whatever rows run beside it (a request served under
                  load equals it served alone, in bf16 too): the Triton kernels plan each launch as for the
-                 largest batch. Needs the Triton kernels; a frame of few rows costs more (docs/PERFORMANCE_NOTES.md)
+                 largest batch. A scheduler's codec decodes every slot one frame at a time, so a request's samples
+                 under load equal its samples served alone by the same scheduler, bit for bit; cuDNN runs its
+                 deterministic algorithms (a switch of the whole process). Needs the Triton kernels; a frame of few
+                 rows costs more (docs/PERFORMANCE_NOTES.md)
     """
 
     model_dir: str

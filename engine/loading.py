@@ -107,6 +107,11 @@ def load_engine(engine_cls, config: EngineConfig):
                                      f"({kernel_note}). Load on a CUDA GPU with triton auto or on, or without "
                                      "batch_invariant.")
     notes = [kernel_note]
+    if config.batch_invariant and dev.type == "cuda":
+        # One shape gives one sum order only with deterministic algorithms: cuDNN may otherwise run the codec's
+        # transposed convs with atomic adds. The switch is the process's; it is named in the load's notes.
+        torch.backends.cudnn.deterministic = True
+        notes.append("cuDNN: deterministic algorithms (batch invariant; for this whole process)")
     t0 = time.perf_counter()
     graphs = dev.type == "cuda" and config.cuda_graphs != "off"
     early = {"reserved": torch.cuda.memory_reserved(dev) if graphs else 0}

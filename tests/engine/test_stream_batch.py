@@ -135,6 +135,27 @@ def _chunks(codes: list, joins: list, sizes: list):
     return out
 
 
+def _placed_chunks(codes: list, place: list, joins: list, sizes: list, slots: int) -> list:
+    """FrameChunks of a slotted schedule: row r holds slot place[r] from chunk joins[r] (or, while that slot is
+    held, from the chunk after its holder ends) until its codes run out."""
+    pos, out = [0] * len(codes), []
+    for step, k in enumerate(sizes):
+        chunk_codes, valid = torch.zeros(slots, k, 16, dtype=torch.long), torch.zeros(slots, k, dtype=torch.bool)
+        rows, ended = [-1] * slots, []
+        for r, c in enumerate(codes):
+            if step < joins[r] or pos[r] >= c.shape[0] or rows[place[r]] >= 0:
+                continue
+            n = min(k, c.shape[0] - pos[r])
+            chunk_codes[place[r], :n], valid[place[r], :n] = c[pos[r]: pos[r] + n], True
+            pos[r] += n
+            rows[place[r]] = r
+            if pos[r] == c.shape[0]:
+                ended.append(r)
+        out.append(FrameChunk(chunk_codes, valid, 0, step == len(sizes) - 1, tuple(rows), tuple(ended)))
+    assert pos == [c.shape[0] for c in codes]
+    return out
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base, graphs):
     """A stream's rows that join one by one (a server's) decode slotted: one codec call per chunk for every row
@@ -148,22 +169,8 @@ def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base
     ref = torch.randint(0, 2048, (6, 16), generator=gen)
     refs = [None, None, ref]
     # (slot of each row, the chunk it joins): row 2 takes slot 0 once row 0 has ended
-    place, joins, sizes = [0, 1, 0], [0, 1, 2], [3, 2, 4, 4, 4]
-    pos, chunks = [0, 0, 0], []
-    for step, k in enumerate(sizes):
-        chunk_codes, valid = torch.zeros(2, k, 16, dtype=torch.long), torch.zeros(2, k, dtype=torch.bool)
-        rows, ended = [-1, -1], []
-        for r, c in enumerate(codes):
-            if step < joins[r] or pos[r] >= c.shape[0] or rows[place[r]] >= 0:
-                continue
-            n = min(k, c.shape[0] - pos[r])
-            chunk_codes[place[r], :n], valid[place[r], :n] = c[pos[r]: pos[r] + n], True
-            pos[r] += n
-            rows[place[r]] = r
-            if pos[r] == c.shape[0]:
-                ended.append(r)
-        chunks.append(FrameChunk(chunk_codes, valid, 0, step == len(sizes) - 1, tuple(rows), tuple(ended)))
-    assert pos == [c.shape[0] for c in codes] and chunks[2].rows == (2, 1)  # slot 0 reused by row 2
+    chunks = _placed_chunks(codes, place=[0, 1, 0], joins=[0, 1, 2], sizes=[3, 2, 4, 4, 4], slots=2)
+    assert chunks[2].rows == (2, 1)  # slot 0 reused by row 2
     cg = None
     if graphs:
         cg = CodecGraphs(codec.decoder, capture=False)
@@ -192,6 +199,45 @@ def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base
         full = c if refs[r] is None else torch.cat([refs[r], c])
         one_pass = codec.decode(full[None])[0, (0 if refs[r] is None else 6 * 1920):]
         assert float((torch.cat(out[r]) - one_pass).abs().max()) <= 1e-5, r
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_an_invariant_slotted_stream_gives_a_row_the_same_samples_beside_any_rows(base, graphs):
+    """A batch invariant engine's slotted stream decodes every slot one frame at a time, so a row's samples are the
+    same bit for bit alone in slot 0 of four and in slot 2 beside rows that join, end, reuse a slot and cut the
+    chunks elsewhere (the default decode follows the rows held and the chunks, and rounds otherwise). With graphs
+    (run uncaptured here) every decode is the four-row bucket's state itself."""
+    codec = base.codec
+    gen = torch.Generator().manual_seed(5)
+    mine, ref = torch.randint(0, 2048, (11, 16), generator=gen), torch.randint(0, 2048, (6, 16), generator=gen)
+    others = [torch.randint(0, 2048, (n, 16), generator=gen) for n in (4, 13, 7, 5)]
+    codec.decoder.fresh_state(1)  # the blank state's shapes, made once per decoder (not counted)
+
+    def served(chunks, refs, row):
+        cg = None
+        if graphs:
+            cg = CodecGraphs(codec.decoder, capture=False)
+            cg.warm_buckets = (1, 4)
+        session = CodecSession(codec.decoder, cg, refs, together=False, stream=True, slots=4, invariant=True)
+        calls, out = [], []
+        hook = codec.decoder.register_forward_hook(lambda m, args, o: calls.append(tuple(args[0].shape)))
+        try:
+            for chunk in chunks:
+                out += [audio for r, audio, _, _ in session.push(chunk) if r == row]
+        finally:
+            hook.remove()
+        session.release()
+        assert set(calls) - {(1, 16, 6)} == {(4, 16, 1)}  # beside the reference's one-row decode: one shape
+        return torch.cat(out)
+
+    alone = served(_placed_chunks([mine], [0], [0], [1, 2, 2, 2, 2, 2], 4), [ref], 0)
+    # slot 0: a 4-frame row, then a 5-frame one with the same reference; mine joins slot 2 at the second chunk
+    crowd = [others[0], others[1], mine, others[2], others[3]]
+    chunks = _placed_chunks(crowd, place=[0, 1, 2, 3, 0], joins=[0, 0, 1, 2, 2], sizes=[3, 1, 4, 2, 3, 5], slots=4)
+    loaded = served(chunks, [None, None, ref, None, ref], 2)
+    assert torch.equal(loaded, alone)
+    one_pass = codec.decode(torch.cat([ref, mine])[None])[0, 6 * 1920:]
+    assert float((alone - one_pass).abs().max()) <= 1e-5
 
 
 @pytest.mark.parametrize("graphs", [False, True])
