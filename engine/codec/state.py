@@ -76,8 +76,7 @@ class DecodeState:
         after an ICL reference, DecodeState.snapshot of a one-row state)."""
         mine = self.buffers()
         if saved is None:
-            for t in mine:
-                t[row].zero_()
+            torch._foreach_zero_([t[row] for t in mine])  # one launch a dtype, not one a buffer
             return
         if len(mine) != len(saved):
             raise ValueError("the one-row snapshot does not match this state's buffers")
