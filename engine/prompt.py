@@ -5,7 +5,9 @@ then sliced by position, exactly as upstream does, so the first text token and t
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +24,7 @@ MODES = ("custom", "design", "clone")
 MODE_OF_MODEL = {"custom_voice": "custom", "voice_design": "design", "base": "clone"}
 CHECKPOINT_OF_MODE = {"custom": "CustomVoice", "design": "VoiceDesign", "clone": "Base"}
 DEFAULT_NON_STREAMING = {"custom": True, "design": True, "clone": False}
+VOICES_KEPT = 16  # voices whose ICL reference embeddings a builder keeps (least recently used dropped first)
 
 
 @dataclass
@@ -118,6 +121,10 @@ class PromptBuilder:
         # prompt repeats them, and each made anew cost a blocking host-to-device copy and a few launches before
         # the prefill (~1 ms a request). Same ids through the same shapes give the same values.
         self._fixed: dict[tuple, torch.Tensor] = {}
+        # The ICL reference of a voice, as every prompt with that voice uses it (_reference): a server's requests
+        # name a few saved voices again and again, and each made anew cost two host-to-device copies and ~20
+        # launches in the request's path.
+        self._references: OrderedDict = OrderedDict()
 
     def _device(self) -> torch.device:
         return self.talker.model.codec_embedding.weight.device
@@ -133,9 +140,10 @@ class PromptBuilder:
         return self._fixed[key]
 
     def forget(self) -> None:
-        """Drop the fixed embeddings (their device memory; Engine.release moves the weights to the CPU). They are
-        made again, where the weights are, on next use."""
+        """Drop the fixed embeddings and the kept references (their device memory; Engine.release moves the weights
+        to the CPU). They are made again, where the weights are, on next use."""
         self._fixed.clear()
+        self._references.clear()
 
     def _fixed_text(self, ids: tuple) -> torch.Tensor:
         """embed_text of fixed token ids [len(ids), H] (read only: shared by every prompt)."""
@@ -148,6 +156,24 @@ class PromptBuilder:
         if len(ids) > 1 and len(set(ids)) == 1:
             return self._codec(ids[:1]).expand(len(ids), -1)
         return self._once(self.talker.embed_codec, ids)
+
+    def _reference(self, voice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(reference codes [R, 16] long, the reference text's token ids on the device, K: the codec bos and each
+        reference frame's embedding [R + 1, H]) of an ICL voice, kept for the VOICES_KEPT voices used last (read
+        only: shared by every prompt). Keyed by content, so a voice loaded again from its file finds them."""
+        codes = voice.ref_codes.to(torch.long).cpu()
+        digest = hashlib.sha1(codes.numpy().tobytes(), usedforsecurity=False).hexdigest()
+        key = (tuple(codes.shape), digest, voice.ref_text)
+        kept = self._references.get(key)
+        if kept is None:
+            ids = self._ids(_ref_template(voice.ref_text))[3:-2]
+            bos = self._codec([self.cfg.talker.codec_bos_id])
+            kept = self._references[key] = (codes, ids, torch.cat([bos, self.frame_embeddings(codes)], 0))
+            if len(self._references) > VOICES_KEPT:
+                self._references.popitem(last=False)
+        else:
+            self._references.move_to_end(key)
+        return kept
 
     def frame_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
         """Sum of the 16 codebook embeddings of each frame, [R, 16] -> [R, H]."""
@@ -218,10 +244,8 @@ class PromptBuilder:
 
         ref_codes = None
         if use_icl:
-            ref_codes = voice.ref_codes.to(torch.long)
-            ref_ids = self._ids(_ref_template(voice.ref_text))[3:-2]
+            ref_codes, ref_ids, codec_embed = self._reference(voice)
             text_embed = torch.cat([self.talker.embed_text(torch.cat([ref_ids, text_ids])), eos[None]], 0)
-            codec_embed = torch.cat([self._codec([tc.codec_bos_id]), self.frame_embeddings(ref_codes)], 0)
             if non_streaming:
                 seq.append(text_embed + self._codec([tc.codec_pad_id] * text_embed.shape[0]))
                 seq.append(codec_embed + pad)

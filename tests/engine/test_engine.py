@@ -193,6 +193,37 @@ def test_prompt_fixed_pieces_are_made_once_and_change_nothing(custom, non_stream
         assert torch.equal(prompt.pad_embed, fresh.pad_embed)
 
 
+@pytest.mark.parametrize("streaming_text", [False, True])
+def test_prompt_keeps_a_voice_reference_and_changes_nothing(base, tmp_path, streaming_text):
+    """The builder keeps an ICL voice's reference (text ids and frame embeddings) by content: the same voice loaded
+    again from its file embeds no frame, another voice does, and every prompt equals one built from scratch."""
+    from engine.prompt import VOICES_KEPT, PromptBuilder
+    from engine.voice import Voice
+
+    t = np.arange(24000) / 24000
+    voices = [base.extract_voice((0.3 * np.sin(2 * np.pi * f * t)).astype(np.float32), 24000, ref_text=text)
+              for f, text in ((200, "Reference."), (330, "Another one."))]
+    voices[0].save(tmp_path / "v.safetensors")
+    voices.append(Voice.load(tmp_path / "v.safetensors"))  # equal content, another object
+    builder = PromptBuilder(base.cfg, base.talker, base.builder.tok)
+    embedded = []
+    real = builder.frame_embeddings
+    builder.frame_embeddings = lambda codes: embedded.append(codes.shape[0]) or real(codes)
+
+    def clone(voice, text):
+        return Request(mode="clone", text=text, language="English", voice=voice, non_streaming_mode=streaming_text)
+
+    texts = ["A line.", "A longer line, with a few more words in it to speak than the reference holds."]
+    built = [(v, text, builder.build(clone(v, text))) for v in voices for text in texts]
+    assert embedded == [v.ref_codes.shape[0] for v in voices[:2]] and len(builder._references) == 2 <= VOICES_KEPT
+    for voice, text, prompt in built:
+        fresh = PromptBuilder(base.cfg, base.talker, base.builder.tok).build(clone(voice, text))
+        assert torch.equal(prompt.prefill, fresh.prefill) and torch.equal(prompt.trailing, fresh.trailing)
+        assert torch.equal(prompt.ref_codes, voice.ref_codes)
+    builder.forget()
+    assert not builder._references
+
+
 def test_engine_config_is_the_load_argument_and_a_cache_key(tiny_checkpoints, tmp_path):
     from engine import EngineConfig
     from engine.errors import UnsupportedConfigError
