@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import VoiceError
 
 VOICE_SUFFIX = ".safetensors"
+VOICES_KEPT = 64  # saved voices kept read (the oldest read dropped first)
 # A voice is named by its file's stem, by the rule SaveVoice names files with: letters, digits, blanks, dots,
 # dashes, underscores. No separator can appear, so a request cannot reach a file outside the voices folder.
 _VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.\-]{0,99}")
@@ -27,6 +28,9 @@ class ServedModel:
     voices_dir: Path | None = None
     random_weights: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
+    # Saved voices read and checked, by file: (modification time, size, Voice). A request naming a voice finds it
+    # here while its file is unchanged, instead of reading and checking the file in the request's path.
+    _loaded: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, engine, max_takes: int, voices_dir: Path | None = None) -> ServedModel:
@@ -54,6 +58,27 @@ class ServedModel:
             known = ", ".join(self.saved_voices()) or "none"
             raise VoiceError(f"no saved voice '{name}' in the voices folder. Saved voices: {known}.")
         return path
+
+    def saved_voice(self, name: str):
+        """The saved voice `name` names, read and checked (VoiceError otherwise), or the one read before while its
+        file is unchanged. Voices are only read, so requests share one."""
+        from ..voice import Voice
+
+        path = self.voice_file(name)
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise VoiceError(f"voice file {path.name} cannot be read ({exc.strerror or exc}); save the voice again.") \
+                from exc
+        kept = self._loaded.get(path)
+        if kept is not None and kept[:2] == (stat.st_mtime_ns, stat.st_size):
+            return kept[2]
+        voice = Voice.load(path)
+        self.check_voice(voice)
+        if len(self._loaded) >= VOICES_KEPT:
+            self._loaded.pop(next(iter(self._loaded)))
+        self._loaded[path] = (stat.st_mtime_ns, stat.st_size, voice)
+        return voice
 
     def card(self) -> dict:
         """The OpenAI model object, with what a request may use."""

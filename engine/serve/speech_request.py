@@ -219,13 +219,9 @@ def _voice(body: dict, model: ServedModel, speech: Speech) -> None:
                                   f"({', '.join(model.saved_voices()) or 'none saved'}), or reference_audio with its "
                                   "reference_text.")
     try:
-        from ..voice import Voice
-
-        loaded = Voice.load(model.voice_file(voice))
-        model.check_voice(loaded)
+        speech.request.voice = model.saved_voice(voice)
     except VoiceError as exc:
         raise FieldError("voice", str(exc)) from None
-    speech.request.voice = loaded
 
 
 def _base64_field(name: str, text, what: str, hint: str) -> bytes:

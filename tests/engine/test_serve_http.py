@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import sys
 
 import numpy as np
@@ -48,6 +49,7 @@ def base(tiny_checkpoints, tmp_path_factory):
     voices = tmp_path_factory.mktemp("voices")
     engine.extract_voice(*decode_wav(_reference_wav()), ref_text="A short reference.").save(voices / "calm.safetensors")
     server = ServerThread(engine, voices_dir=voices)
+    server.voices = voices
     yield server
     server.stop()
 
@@ -257,6 +259,19 @@ def test_clone_from_an_upload_equals_the_saved_voice(base):
     assert x_vector_only != uploaded  # without its transcript the voice clones from the embedding alone
     assert base.json("GET", "/v1/audio/voices") == (200, {"model": "base", "speakers": [], "saved_voices": ["calm"],
                                                           "sample_rate": SAMPLE_RATE})
+
+
+def test_a_saved_voice_is_read_once_while_its_file_is_unchanged(base, monkeypatch):
+    from engine.voice import Voice
+
+    reads, load = [], Voice.load.__func__
+    monkeypatch.setattr(Voice, "load", classmethod(lambda cls, path: reads.append(path.name) or load(cls, path)))
+    path = base.voices / "calm.safetensors"
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a file saved anew is read anew
+    line = {"input": "Cloned line.", "max_new_tokens": 3, "seed": 2, "voice": "calm"}
+    first, again = _ok(base, **line)[1], _ok(base, **line)[1]
+    assert reads == ["calm.safetensors"] and first == again
 
 
 BAD_BASE = [
