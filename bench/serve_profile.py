@@ -49,12 +49,14 @@ class Phases:
     def __init__(self):
         self.on = self.sync = False
         self.lock = threading.Lock()
+        self.windows = 0  # windows begun (reset() starts one)
         self.reset()
 
     def reset(self) -> None:
         with self.lock:
             self.seconds = {p: 0.0 for p in PHASES}
             self.calls = {p: 0 for p in PHASES}
+            self.windows += 1
 
     def marked(self, name: str, fn, device):
         import torch
@@ -62,13 +64,14 @@ class Phases:
         def call(*args, **kwargs):
             if not self.on:
                 return fn(*args, **kwargs)
-            t0 = time.perf_counter()
+            window, t0 = self.windows, time.perf_counter()
             out = fn(*args, **kwargs)
             if self.sync and device.type == "cuda":
                 torch.cuda.synchronize(device)
             with self.lock:
-                self.seconds[name] += time.perf_counter() - t0
-                self.calls[name] += 1
+                if window == self.windows:  # a call begun in the window before counts in neither
+                    self.seconds[name] += time.perf_counter() - t0
+                    self.calls[name] += 1
             return out
         return call
 
