@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from real_length_script import script  # noqa: E402
+from serve_profile import sentences  # noqa: E402
 from timing import write_json  # noqa: E402
 
 STEPS = ("prepare", "session", "open", "admit", "next_frame", "push", "put")
@@ -69,14 +69,6 @@ def mark_steps(engine, marks: Marks) -> None:
     codec_session.CodecSession.__init__ = marks.wrap("session", codec_session.CodecSession.__init__)
     codec_session.CodecSession.push = marks.wrap("push", codec_session.CodecSession.push)
     ticket.Ticket._put = marks.wrap("put", ticket.Ticket._put)
-
-
-def requests(engine, voice) -> list:
-    from engine import Request
-
-    mode = "clone" if voice is not None else "custom"
-    return [(Request(mode=mode, text=text, language=lang, speaker="ryan" if voice is None else None, voice=voice),
-             frames) for lang, text, frames in script()]
 
 
 def through_stream(engine, marks: Marks, req, frames: int, seed: int) -> dict:
@@ -140,7 +132,7 @@ def main(argv=None) -> int:
                          cuda_graphs=args.cuda_graphs, triton=args.triton)
     marks = Marks()
     mark_steps(engine, marks)
-    mix = requests(engine, Voice.load(args.voice) if args.voice else None)
+    mix = sentences(Voice.load(args.voice) if args.voice else None)
     runs = [mix[i % len(mix)] for i in range(args.requests)]
     out = {"stream": [], "scheduler": []}
     for kept in (False, True):  # the first pass warms the path

@@ -229,19 +229,15 @@ def _checkpoint(config: str) -> Path:
     return checkpoint(size, model_type or "custom_voice")
 
 
-def _model_type(model: Path) -> str:
-    return json.loads((model / "config.json").read_text()).get("tts_model_type", "custom_voice")
-
-
 def run_config(model: Path, label: str, args, server_args: list) -> tuple[dict, list]:
-    from serve_voice import CLIP_TEXT, reference_wav_base64, saved_voice
+    from serve_voice import CLIP_TEXT, is_base, reference_wav_base64, saved_voice
 
     sys.path.insert(0, str(ROOT))
     from engine.checkpoint.writer import is_random_checkpoint
 
     exact = is_random_checkpoint(model)  # EOS disabled: every request decodes exactly its frame count
     load = {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs, "triton": args.triton}
-    base = _model_type(model) == "base"
+    base = is_base(model)
     voice_file, upload = None, None
     server_args = [f"--{k.replace('_', '-')}={v}" for k, v in load.items()] + server_args
     if args.batch_invariant:  # a switch of the server's; the in-process run loads with it too
@@ -250,7 +246,7 @@ def run_config(model: Path, label: str, args, server_args: list) -> tuple[dict, 
     server_args += ["--max-queue", args.max_queue, "--chunk-frames", args.chunk_frames,
                     "--first-chunk-frames", args.first_chunk_frames]
     if base and args.clone == "saved":
-        voice_file = saved_voice(model, model.parent / f"{model.name}-voices", load)
+        voice_file = saved_voice(model, load)
         server_args += ["--voices", voice_file.parent]
     elif base:
         upload = reference_wav_base64()

@@ -235,15 +235,11 @@ def run_config(model: Path, label: str, args) -> dict:
 
 def bench_voice(model: Path, load: dict):
     """A Base checkpoint's requests clone the serving benches' saved voice (serve_voice.py); None otherwise."""
-    import json
-
-    if json.loads((model / "config.json").read_text()).get("tts_model_type") != "base":
-        return None
-    from serve_voice import saved_voice
+    from serve_voice import is_base, saved_voice
 
     from engine.voice import Voice
 
-    return Voice.load(saved_voice(model, model.parent / f"{model.name}-voices", load))
+    return Voice.load(saved_voice(model, load)) if is_base(model) else None
 
 
 def arrivals(s, engine, mix: list, rate: float, label: str, args) -> dict:

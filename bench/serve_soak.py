@@ -28,6 +28,7 @@ from pathlib import Path
 
 from real_length_script import SCRIPT
 from serve_client import FRAME_BYTES, ServerProcess, health, session, speech, wait_idle
+from serve_voice import is_base, saved_voice
 from timing import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,14 +207,11 @@ def run(args, server_args: list) -> dict:
 
     model = args.model
     exact = is_random_checkpoint(model)
-    base = json.loads((model / "config.json").read_text()).get("tts_model_type") == "base"
+    base = is_base(model)
     server_args = [f"--device={args.device}", f"--dtype={args.dtype}", "--max-queue", args.max_queue, *server_args]
     voice = "ryan"
     if base:
-        from serve_voice import saved_voice
-
-        voice_file = saved_voice(model, model.parent / f"{model.name}-voices", {"device": args.device,
-                                                                                 "dtype": args.dtype})
+        voice_file = saved_voice(model, {"device": args.device, "dtype": args.dtype})
         server_args += ["--voices", voice_file.parent]
         voice = voice_file.stem
     rng = random.Random(args.seed)

@@ -40,11 +40,18 @@ def reference_wav_base64() -> str:
     return base64.b64encode(wav_bytes(samples, rate)).decode()
 
 
-def saved_voice(model: Path, voices_dir: Path, load_options: dict) -> Path:
-    """voices_dir/VOICE_NAME.safetensors, extracted from the clip with its transcript by Engine.extract_voice in a
-    fresh process (the bench's server loads after it ends), unless it is there already."""
+def is_base(model: Path) -> bool:
+    """Whether the checkpoint folder `model` is a Base checkpoint (its requests clone a voice)."""
+    return json.loads((model / "config.json").read_text()).get("tts_model_type") == "base"
+
+
+def saved_voice(model: Path, load_options: dict) -> Path:
+    """VOICE_NAME.safetensors in the folder `<model>-voices` beside the checkpoint, extracted from the clip with its
+    transcript by Engine.extract_voice in a fresh process (the bench's server loads after it ends), unless it is
+    there already."""
     from timing import run_fresh
 
+    voices_dir = model.parent / f"{model.name}-voices"
     path = voices_dir / f"{VOICE_NAME}.safetensors"
     if not path.is_file():
         voices_dir.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,6 @@ then sliced by position, exactly as upstream does, so the first text token and t
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ import torch
 
 from . import checks
 from .config import ModelConfig
+from .content_key import content_key
 from .errors import InvalidInputError, ModeError
 from .transfer import device_longs, to_device
 from .voice import Voice
@@ -162,8 +162,7 @@ class PromptBuilder:
         reference frame's embedding [R + 1, H]) of an ICL voice, kept for the VOICES_KEPT voices used last (read
         only: shared by every prompt). Keyed by content, so a voice loaded again from its file finds them."""
         codes = voice.ref_codes.to(torch.long).cpu()
-        digest = hashlib.sha1(codes.numpy().tobytes(), usedforsecurity=False).hexdigest()
-        key = (tuple(codes.shape), digest, voice.ref_text)
+        key = (content_key(codes), voice.ref_text)
         kept = self._references.get(key)
         if kept is None:
             ids = self._ids(_ref_template(voice.ref_text))[3:-2]

@@ -21,7 +21,6 @@ put back for the next request with the same reference codes, so no request re-de
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -31,6 +30,7 @@ from collections import OrderedDict
 import torch
 
 from ..codec.decoder import CodecDecoder, DecodeState
+from ..content_key import content_key
 from .buckets import BATCH_BUCKETS, bucket_for
 from .capture import capture as capture_graph
 
@@ -318,8 +318,7 @@ class CodecGraphs:
             state.zero_()
             self.decode(codes.expand(batch, -1, -1).to(self._device()), state)
             return
-        digest = hashlib.sha1(ref_codes.cpu().numpy().tobytes(), usedforsecurity=False).hexdigest()  # a cache key
-        key = (bucket, tuple(ref_codes.shape), digest)
+        key = (bucket, content_key(ref_codes))
         saved = self.prefixes.get(key)
         if saved is not None:
             state.restore(saved)
@@ -337,8 +336,7 @@ class CodecGraphs:
         """The one-row state after ICL reference codes [R, Q], as a snapshot (slotted streams start a row from
         it: DecodeState.start_row). Kept with the primed states of the one-row bucket (the same key), decoded
         eagerly on a private state the first time: the one-row bucket's state may be decoding a row now."""
-        digest = hashlib.sha1(ref_codes.cpu().numpy().tobytes(), usedforsecurity=False).hexdigest()  # a cache key
-        key = (1, tuple(ref_codes.shape), digest)
+        key = (1, content_key(ref_codes))
         saved = self.prefixes.get(key)
         if saved is None:
             saved = self.prefixes[key] = self.decoder.state_after(ref_codes).buffers()

@@ -75,6 +75,7 @@ class ServedModel:
             return kept[2]
         voice = Voice.load(path)
         self.check_voice(voice)
+        self._loaded.pop(path, None)  # a file saved anew replaces its old entry, not the oldest one
         if len(self._loaded) >= VOICES_KEPT:
             self._loaded.pop(next(iter(self._loaded)))
         self._loaded[path] = (stat.st_mtime_ns, stat.st_size, voice)

@@ -114,25 +114,7 @@ def test_streamed_list_input_errors(custom):
 
 def _chunks(codes: list, joins: list, sizes: list):
     """FrameChunks of a schedule: row r holds slot r from chunk joins[r] until its codes run out."""
-    pos = [0] * len(codes)
-    out = []
-    for step, k in enumerate(sizes):
-        chunk_codes = torch.zeros(len(codes), k, 16, dtype=torch.long)
-        valid = torch.zeros(len(codes), k, dtype=torch.bool)
-        rows, ended = [], []
-        for r, c in enumerate(codes):
-            if step < joins[r] or pos[r] >= c.shape[0]:
-                rows.append(-1)
-                continue
-            n = min(k, c.shape[0] - pos[r])
-            chunk_codes[r, :n], valid[r, :n] = c[pos[r]: pos[r] + n], True
-            pos[r] += n
-            rows.append(r)
-            if pos[r] == c.shape[0]:
-                ended.append(r)
-        out.append(FrameChunk(chunk_codes, valid, 0, step == len(sizes) - 1, tuple(rows), tuple(ended)))
-    assert pos == [c.shape[0] for c in codes]
-    return out
+    return _placed_chunks(codes, list(range(len(codes))), joins, sizes, len(codes))
 
 
 def _placed_chunks(codes: list, place: list, joins: list, sizes: list, slots: int) -> list:
