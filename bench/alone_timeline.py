@@ -4,14 +4,15 @@ without HTTP), in one process, each request alone, on a host timeline.
     python bench/alone_timeline.py --model DIR [--voice FILE] --device cuda --requests 12 --out DIR --name NAME
 
 The engine loads as the server loads (64 rows, all of them warm). Each request runs alone, first through
-`Engine.stream`, then through a `Scheduler` of 64 rows joining every 2 frames; both with a one-frame first chunk, and
-the first pass over the requests warms both paths. For each request the host time of each step before its first
+`Engine.stream`, then through a `Scheduler` of 64 rows joining every 2 frames; both with a one-frame first chunk,
+and the first pass over the requests warms both paths. For each request the host time of each step before its first
 audio is taken (when it began, ms from the request's start, and how long it took): `prepare` (the checks and the
-prompt), `session` (the codec session's start), `open` (the decode loop's start), `admit` (the prefill's launch),
-`next_frame` (each frame's launch), `push` (the codec's hand-over of the first chunk, waiting for its audio) and, for
-the scheduler, `put` (the chunk handed to the request's ticket) and the time the chunk takes to reach the caller's
-thread. No device synchronisation is added: on a GPU a step's host time holds its waits for the GPU only where the
-step itself waits. With `--voice` (a Base checkpoint's saved voice) the requests are ICL clones of it.
+prompt), `session` (the codec session's opening), `open` (the decode loop's start), `admit` (the prefill's launch),
+`start` (the codec's start of the admitted row's state, slotted sessions only), `next_frame` (each frame's launch),
+`push` (the codec's hand-over of the first chunk, waiting for its audio) and, for the scheduler, `put` (the chunk
+handed to the request's ticket) and the time the chunk takes to reach the caller's thread. No device synchronisation
+is added: on a GPU a step's host time holds its waits for the GPU only where the step itself waits. With `--voice`
+(a Base checkpoint's saved voice) the requests are ICL clones of it.
 
 Writes DIR/alone_timeline_<name>.json.gz (the medians and each request's timeline) and prints the medians' table.
 """
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from serve_profile import sentences  # noqa: E402
 from timing import write_json  # noqa: E402
 
-STEPS = ("prepare", "session", "open", "admit", "next_frame", "push", "put")
+STEPS = ("prepare", "session", "open", "admit", "start", "next_frame", "push", "put")
 ROWS, BOUNDARY_FRAMES = 64, 2  # the server's defaults
 
 
@@ -67,6 +68,7 @@ def mark_steps(engine, marks: Marks) -> None:
         setattr(engine.runner, name, marks.wrap(name, getattr(engine.runner, name)))
     engine.prepare = marks.wrap("prepare", engine.prepare)
     codec_session.CodecSession.__init__ = marks.wrap("session", codec_session.CodecSession.__init__)
+    codec_session.CodecSession.admit = marks.wrap("start", codec_session.CodecSession.admit)
     codec_session.CodecSession.push = marks.wrap("push", codec_session.CodecSession.push)
     ticket.Ticket._put = marks.wrap("put", ticket.Ticket._put)
 

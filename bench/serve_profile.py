@@ -106,9 +106,11 @@ def mark_phases(engine) -> None:
     runner, dev = engine.runner, engine.device
     runner.next_frame = PHASE_TIMES.marked("frames", runner.next_frame, dev)
     runner.admit = PHASE_TIMES.marked("admit", runner.admit, dev)
-    if not getattr(codec_session.CodecSession.push, "marked", False):  # once a process, over several configs
-        codec_session.CodecSession.push = PHASE_TIMES.marked("codec", codec_session.CodecSession.push, dev)
-        codec_session.CodecSession.push.marked = True
+    session = codec_session.CodecSession
+    for name in ("push", "admit"):  # the codec's work in the loop: each chunk's decode, each admitted row's start
+        if not getattr(getattr(session, name), "marked", False):  # once a process, over several configs
+            setattr(session, name, PHASE_TIMES.marked("codec", getattr(session, name), dev))
+            getattr(session, name).marked = True
 
 
 def sentences(voice=None) -> list:

@@ -7,19 +7,21 @@ piece is left after the last frame. With CUDA graphs the decode runs as piece-gr
 (engine/gpu/codec_graph.py) on a side stream, beside the frames: a frame is a chain of small, latency-bound
 kernels, the codec a few large convolutions, and the two overlap.
 
-Rows share one decode state when they can: every row in a slot from the first frame to its end, with one
-ICL reference (or none), decodes as one batch ("together": takes of a line, the nodes' usual case).
-Rows that join later or have several voices stream "slotted": the rows of a state belong to different
-utterances, each at its own position (a row starts fresh, or from the one-row state after its reference),
-and each chunk decodes every slot up to the highest one held as one batch, on the smallest view of the
-state's first rows that holds them (a loop fills its lowest free slots: a lone row decodes alone). A batch
-invariant engine's slotted streams decode every slot, one frame at a time, instead: the codec's kernels choose their
-sum order by the batch and piece shape, so only one shape for every chunk gives a row the same samples whatever
-rows run beside it and wherever the loop's chunk boundaries fall. Whole-utterance
-calls with such rows give each row a state of its own; with graphs the rows take turns on the one-row
-bucket's captured state.
+Rows share one decode state when they can: every row in a slot from the first frame to its end, with one ICL
+reference (or none), decodes as one batch ("together": takes of a line, the nodes' usual case). Rows that join later
+or have several voices stream "slotted": the rows of a state belong to different utterances, each at its own
+position (a row starts fresh, or from the one-row state after its reference, when the loop admits it: the copy runs
+beside its prefill and first frames, not before its first audio), and each chunk decodes every slot up to the
+highest one held as one batch, on the smallest view of the state's first rows that holds them (a loop fills its
+lowest free slots: a lone row decodes alone). A batch invariant engine's slotted streams decode every slot, one
+frame at a time, instead: the codec's kernels choose their sum order by the batch and piece shape, so only one shape
+for every chunk gives a row the same samples whatever rows run beside it and wherever the loop's chunk boundaries
+fall. Whole-utterance calls with such rows give each row a state of its own; with graphs the rows take turns on the
+one-row bucket's captured state.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -161,6 +163,32 @@ class CodecSession:
         self.root_shared = self.root is not None  # the graphs' state, whose views have graphs
         self.root_rows = self.graphs.bucket_holding(self.root) if self.root_shared else slots
         self.started: set = set()  # rows whose utterance has begun in a slot
+        self.opened = None  # on the caller's stream, after the states were taken: where `admit` may start
+        if self.side is not None:
+            self.opened = torch.cuda.Event()
+            self.opened.record()
+
+    def admit(self, pairs: list) -> None:
+        """The loop admitted these rows ((slot, row) pairs; decode_rows' on_admit): a slotted stream starts each
+        one's utterance in its slot now, on the side stream, so its reference state is copied in while its prefill
+        and first frames run. The loop calls it after pushing every chunk made before the rows joined."""
+        if not self.slotted or not pairs:
+            return
+        with self._beside():
+            root = self._root_state()
+            for slot, r in pairs:
+                root.start_row(slot, self._one_row_start(self.refs[r]))
+                self.started.add(r)
+
+    @contextlib.contextmanager
+    def _beside(self):
+        """Run the block on the side stream (if any), after what the caller's stream did before the session opened."""
+        if self.side is None:
+            yield
+            return
+        self.side.wait_event(self.opened)
+        with torch.cuda.stream(self.side):
+            yield
 
     def _root_state(self):
         """The slots' state: the graphs' shared one, or a private fresh one (CodecDecoder.fresh_state)."""
@@ -192,11 +220,10 @@ class CodecSession:
         held = [(slot, r) for slot, r in enumerate(chunk.rows) if r >= 0]
         if not held:
             return []
-        root = self._root_state()
-        for slot, r in held:
-            if r not in self.started:
-                root.start_row(slot, self._one_row_start(self.refs[r]))
-                self.started.add(r)
+        missing = [r for _, r in held if r not in self.started]
+        if missing:
+            raise RuntimeError(f"rows {missing} reached the codec session without being admitted to it; the decode "
+                               "loop must be given on_admit=session.admit")
         rows, state = self._rows_state(held[-1][0] + 1)
         codes = chunk.codes[:rows].masked_fill(~chunk.valid[:rows, :, None], 0).transpose(1, 2)
         if codes.shape[0] < rows:  # a view wider than the loop's slots: zero rows

@@ -255,7 +255,7 @@ def _mark(device):
 
 def _admit(runner, host: SlotTable, source, device, limit: int = 0) -> list:
     """Fill free slots (at most `limit`, 0 = all) from the source, one prefill for each group it hands out (a
-    prompt's takes); returns the rows admitted."""
+    prompt's takes); returns the (slot, row) pairs admitted."""
     free = [s for s, r in enumerate(host.row) if r < 0]
     free = free[:limit] if limit > 0 else free
     admitted = []
@@ -269,7 +269,7 @@ def _admit(runner, host: SlotTable, source, device, limit: int = 0) -> list:
             host.put(slot, k, first.prompt.prefill.shape[1], first.max_frames)
         keys = device_longs([source.rows[k].key for k in group], device)
         runner.admit(mine, first.prompt, keys, first.max_frames, first.params)
-        admitted += group
+        admitted += zip(mine, group)
     return admitted
 
 
@@ -289,6 +289,7 @@ def decode_rows(
     lead_rows: int = 0,
     prelaunch: bool = False,
     ahead: int = 0,
+    on_admit: Callable[[list], None] | None = None,
 ) -> Iterator[FrameChunk]:
     """The one decode loop. Rows (a list, admitted in `order`, default their order; or a row source, see
     engine/row_source.py, read at every chunk boundary) run in `slots` batch slots;
@@ -303,7 +304,9 @@ def decode_rows(
     flags, so the GPU has frames queued while the host waits, wakes up, does the chunk's bookkeeping
     (FinishedFlags) and the consumer's work. It is done only while no row waits for a slot and some row has
     budget left; when every row turns out to have ended by EOS inside the chunk, those frames are dropped
-    (at most `ahead` frames of wasted GPU work, once a run).
+    (at most `ahead` frames of wasted GPU work, once a run). `on_admit([(slot, row), ...])` is told of the rows
+    admitted, once every chunk before their first has been handed on and before that one is (the codec session
+    starts their states then, beside their prefill and first frames).
     `on_frames(done, total)` counts frames over all rows (total is an estimate until the rows end);
     `timings`, if given, receives the first prefill's seconds and the slot occupancy."""
     params.validate()
@@ -321,7 +324,9 @@ def decode_rows(
     if events is not None:
         events[0].record()
     runner.open(slots=slots, params=params, eos_id=eos_id, refills=source.refills(slots), max_len=source.max_len)
+    tell = on_admit if on_admit is not None else (lambda pairs: None)
     admitted = _admit(runner, host, source, device, lead_rows)
+    tell(admitted)
     if events is not None:
         events[1].record()
     elif timings is not None:
@@ -331,10 +336,10 @@ def decode_rows(
     flags = FinishedFlags(runner, device) if ahead else None
 
     def chunk_size(at: int, queued: int = 0, admitted=()) -> int:
-        """Frames of the chunk starting at frame `at`, `queued` of them already launched; rows just `admitted`
-        that ask for a short first chunk shorten it."""
+        """Frames of the chunk starting at frame `at`, `queued` of them already launched; rows just admitted
+        (`admitted`: (slot, row) pairs) that ask for a short first chunk shorten it."""
         size = first_chunk_frames if at == 0 and first_chunk_frames > 0 else chunk_frames
-        short = [source.rows[r].first_chunk for r in admitted if source.rows[r].first_chunk > 0]
+        short = [source.rows[r].first_chunk for _, r in admitted if source.rows[r].first_chunk > 0]
         size = min([size] + short) if size > 0 else size
         left = host.frames_left() + queued
         return left if size <= 0 else min(size, left)
@@ -418,5 +423,8 @@ def decode_rows(
         yield chunk
         if done:
             return
+        tell(joined)  # only now: the chunk just handed on was made before they joined
         if not launched:
-            n = chunk_size(start, admitted=joined + _admit(runner, host, source, device))
+            more = _admit(runner, host, source, device)
+            tell(more)
+            n = chunk_size(start, admitted=joined + more)

@@ -246,7 +246,7 @@ class Engine:
         chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames, order=order,
                              should_stop=should_stop, on_frames=on_progress, timings=timings, prelaunch=True,
-                             ahead=1 if self.device.type == "cuda" else 0)
+                             ahead=1 if self.device.type == "cuda" else 0, on_admit=session.admit)
         codes, valid = [[] for _ in rows], [[] for _ in rows]
         slot_of = {}
         # The host memory of each item's audio is made resident while the frames run (host_audio.py).
@@ -323,7 +323,8 @@ class Engine:
         chunks = decode_rows(self.runner, rows, slots=slots, params=(params or self.defaults).validate(),
                              eos_id=self.cfg.talker.codec_eos_id, chunk_frames=chunk_frames,
                              should_stop=should_stop, on_frames=on_progress, first_chunk_frames=first_chunk_frames,
-                             lead_rows=lead, prelaunch=side is not None, ahead=STREAM_AHEAD if side is not None else 0)
+                             lead_rows=lead, prelaunch=side is not None, ahead=STREAM_AHEAD if side is not None else 0,
+                             on_admit=session.admit)
         count = [0] * len(rows)
         try:
             for chunk in chunks:

@@ -278,7 +278,7 @@ class Scheduler:
         chunks = decode_rows(engine.runner, self._source, slots=self.slots, params=engine.defaults,
                              eos_id=engine.cfg.talker.codec_eos_id, chunk_frames=self.chunk_frames,
                              should_stop=lambda: self._closed, prelaunch=side is not None,
-                             ahead=STREAM_AHEAD if side is not None else 0)
+                             ahead=STREAM_AHEAD if side is not None else 0, on_admit=session.admit)
         try:
             for chunk in chunks:
                 for row, audio, codes, final in session.push(chunk):

@@ -23,8 +23,8 @@ def test_a_lone_requests_timeline(tiny_checkpoints, tmp_path):
         data = json.load(f)
     assert data["table"] in proc.stdout
     assert [len(data["records"][p]) for p in ("stream", "scheduler")] == [2, 2]
-    for path, steps in (("stream", ("prepare", "session", "open", "admit", "next_frame", "push")),
-                        ("scheduler", ("prepare", "session", "open", "admit", "next_frame", "push", "put"))):
+    for path, steps in (("stream", ("prepare", "session", "open", "admit", "start", "next_frame", "push")),
+                        ("scheduler", ("prepare", "session", "open", "admit", "start", "next_frame", "push", "put"))):
         for record in data["records"][path]:
             assert set(record["steps"]) == set(steps), (path, record["steps"])
             for step in record["steps"].values():

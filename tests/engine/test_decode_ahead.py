@@ -106,3 +106,38 @@ def test_rows_more_than_slots_same_chunks_with_frames_ahead(engine, ahead):
     # the CUDA-graph runner's frame body, run uncaptured: its finished flags are read the same way
     _assert_same(base, _chunks(GraphedFrames(engine.talker, engine.config.max_seq_len, capture=False), make, ahead=ahead))
     assert sorted(r for c in base[0] for r in c[5]) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_rows_are_told_admitted_before_their_first_chunk_and_after_the_chunks_before_it(engine, ahead):
+    """decode_rows(on_admit=...) names each row with its slot exactly once: before the first chunk that holds it
+    is handed on, and after every chunk made before it joined (those chunks' codec decode covers its slot's view,
+    so the codec session must not start its state earlier). Rows join at the start, while a chunk is read (a
+    short first chunk admits the lead row first) and once a slot is freed."""
+    params = engine.defaults.replace(max_new_tokens=20)
+    rows = []
+    for k, text in enumerate(["The lead row.", "Joins while the first chunk is read.", "Waits for a free slot.",
+                              "And the last one."]):
+        prompt, _, frames = engine.prepare(_req(text), 1, params)
+        rows.append(Row(prompt, 500 + k, frames - 4 * k))
+    events = []
+    for chunk in decode_rows(EagerFrames(engine.talker), rows, slots=3, params=params,
+                             eos_id=engine.cfg.talker.codec_eos_id, chunk_frames=4, first_chunk_frames=1,
+                             lead_rows=1, prelaunch=True, ahead=ahead,
+                             on_admit=lambda pairs: events.append(("admit", list(pairs)))):
+        events.append(("chunk", chunk.rows))
+    told = {}
+    for i, (kind, what) in enumerate(events):
+        if kind == "admit":
+            for slot, r in what:
+                assert r not in told
+                told[r] = (slot, i)
+            continue
+        for slot, r in enumerate(what):
+            if r >= 0:
+                assert told[r][0] == slot
+                # no chunk was handed on between its admission and its first chunk
+                first = next(j for j, (k, w) in enumerate(events) if k == "chunk" and r in w)
+                assert not any(k == "chunk" for k, _ in events[told[r][1]: first])
+    assert sorted(told) == [0, 1, 2, 3]
+    assert events[0] == ("admit", [(0, 0)]) and events[1][0] == "chunk" and events[1][1][1:] == (-1, -1)

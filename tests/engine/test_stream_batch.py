@@ -138,6 +138,14 @@ def _placed_chunks(codes: list, place: list, joins: list, sizes: list, slots: in
     return out
 
 
+def _push(session, chunk, admitted: set) -> list:
+    """session.push(chunk), after admitting the rows it holds for the first time (as the decode loop does)."""
+    new = [(slot, r) for slot, r in enumerate(chunk.rows) if r >= 0 and r not in admitted]
+    admitted.update(r for _, r in new)
+    session.admit(new)
+    return session.push(chunk)
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base, graphs):
     """A stream's rows that join one by one (a server's) decode slotted: one codec call per chunk for every row
@@ -161,11 +169,11 @@ def test_slotted_stream_decodes_the_rows_held_as_one_batch_and_reuses_slots(base
     session = CodecSession(codec.decoder, cg, refs, together=False, stream=True, slots=2)
     calls = []
     hook = codec.decoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
-    out, per_chunk = [[] for _ in codes], []
+    out, per_chunk, admitted = [[] for _ in codes], [], set()
     try:
         for chunk in chunks:
             calls.clear()
-            for r, audio, _, _ in session.push(chunk):
+            for r, audio, _, _ in _push(session, chunk, admitted):
                 out[r].append(audio)
             per_chunk.append(list(calls))
     finally:
@@ -201,11 +209,11 @@ def test_an_invariant_slotted_stream_gives_a_row_the_same_samples_beside_any_row
             cg = CodecGraphs(codec.decoder, capture=False)
             cg.warm_buckets = (1, 4)
         session = CodecSession(codec.decoder, cg, refs, together=False, stream=True, slots=4, invariant=True)
-        calls, out = [], []
+        calls, out, admitted = [], [], set()
         hook = codec.decoder.register_forward_hook(lambda m, args, o: calls.append(tuple(args[0].shape)))
         try:
             for chunk in chunks:
-                out += [audio for r, audio, _, _ in session.push(chunk) if r == row]
+                out += [audio for r, audio, _, _ in _push(session, chunk, admitted) if r == row]
         finally:
             hook.remove()
         session.release()
@@ -235,9 +243,9 @@ def test_codec_session_keeps_each_row_utterance(base, graphs, stream):
     refs = [None, ref, None]
     cg = CodecGraphs(codec.decoder, capture=False) if graphs else None
     session = CodecSession(codec.decoder, cg, refs, together=False, stream=stream)
-    out = [[] for _ in codes]
+    out, admitted = [[] for _ in codes], set()
     for chunk in _chunks(codes, joins=[0, 1, 1], sizes=[3, 2, 4, 3, 5, 4, 3]):
-        for r, audio, got_codes, final in session.push(chunk):
+        for r, audio, got_codes, final in _push(session, chunk, admitted):
             out[r].append(audio)
     wav = [torch.cat(o) for o in out] if stream else session.finish()
     session.release()
@@ -249,3 +257,32 @@ def test_codec_session_keeps_each_row_utterance(base, graphs, stream):
     if graphs:  # the one-row state is free again for the next call
         owner = CodecSession(codec.decoder, cg, [None], together=True, stream=False)
         assert owner.groups[-1].shared and cg.private_streams == 0
+
+
+def test_a_slotted_session_starts_a_row_when_the_loop_admits_it(base):
+    """A slotted stream starts a row's utterance in its slot when the loop admits it (decode_rows' on_admit), so
+    the first chunk's push only decodes: the reference's one-row decode ran at admission. A row pushed without
+    being admitted is an error of the caller, never a late start."""
+    codec = base.codec
+    gen = torch.Generator().manual_seed(9)
+    codes, ref = torch.randint(0, 2048, (5, 16), generator=gen), torch.randint(0, 2048, (6, 16), generator=gen)
+    chunks = _placed_chunks([codes], [0], [0], [2, 3], 2)
+    codec.decoder.fresh_state(1)
+    session = CodecSession(codec.decoder, None, [ref], together=False, stream=True, slots=2)
+    calls = []
+    hook = codec.decoder.register_forward_hook(lambda m, args, o: calls.append(tuple(args[0].shape)))
+    try:
+        session.admit([(0, 0)])
+        assert calls == [(1, 16, 6)]  # the reference, decoded on a one-row state, copied into slot 0
+        calls.clear()
+        audio = [a for chunk in chunks for _, a, _, _ in session.push(chunk)]
+        assert calls == [(1, 16, 2), (1, 16, 3)]
+    finally:
+        hook.remove()
+    session.release()
+    one_pass = codec.decode(torch.cat([ref, codes])[None])[0, 6 * 1920:]
+    assert float((torch.cat(audio) - one_pass).abs().max()) <= 1e-5
+    late = CodecSession(codec.decoder, None, [None], together=False, stream=True, slots=2)
+    with pytest.raises(RuntimeError, match="admitted"):
+        late.push(chunks[0])
+    late.release()
