@@ -19,8 +19,9 @@ starts when the first chunk arrives; a chunk that comes after the audio before i
 success (200 and every frame), throughput (s of audio received per s from the first send to the last byte)
 and the server's /health afterwards. Saturation: `--saturation` streams, each sending its next request when the
 last ends, for `--saturation-s` s: s of audio received per s. Alone: `--alone` sentences one at a time through
-the server, then through Engine.stream in a fresh process loaded the same way; the difference of first audio is
-the server's overhead (HTTP, the scheduler, the PCM conversion).
+the server (each on a new connection, then all on one kept alive), then through Engine.stream in a fresh process
+loaded the same way; the difference of first audio is the server's overhead (HTTP, the scheduler, the PCM
+conversion), and each response's Server-Timing splits it into the server's steps and what lies outside them.
 
 Writes DIR/serve_<name>.md (the tables, also printed), DIR/serve_<name>.json (the figures) and
 DIR/serve_<name>_requests.json.gz (every request's record).
@@ -53,6 +54,7 @@ from timing import percentile, run_fresh, write_json
 ROOT = Path(__file__).resolve().parents[1]
 SPEAKER = "ryan"
 WARM_TEXT = ("English", "Hello there, this is a warm-up.", 13)
+ALONE_CONNECTIONS = ("new", "kept")  # the alone phase's clients: a connection per request, or one kept alive
 PUBLISHED = [  # not measured here: the peers' own figures on one H100
     ("Nari Labs qwen3-tts, 1.7B CustomVoice, one H100 (sglang-omni #1754): p95 first audio 32.8 ms at 10 req/s "
     "with 0% underrun; under 80 ms at 20 req/s with 100% success."),
@@ -168,10 +170,11 @@ async def closed_loop(url: str, mix: Mix, streams: int, seconds: float, exact: b
     return out, recs
 
 
-async def one_at_a_time(url: str, mix: Mix, count: int) -> list:
-    """First audio (ms) of the first `count` sentences, one request at a time, after one warm-up request."""
-    firsts = []
-    async with session() as client:
+async def one_at_a_time(url: str, mix: Mix, count: int, keep_alive: bool) -> dict:
+    """First audio (ms) of the first `count` sentences, one request at a time, after one warm-up request, and each
+    response's Server-Timing ({step: ms}); each request on a new connection, or all on one kept alive."""
+    firsts, steps = [], []
+    async with session(keep_alive) as client:
         for i in [-1, *range(count)]:
             body, _ = mix.body(i, WARM_TEXT if i < 0 else None)
             rec = await speech(client, url, body)
@@ -179,7 +182,8 @@ async def one_at_a_time(url: str, mix: Mix, count: int) -> list:
                 raise SystemExit(f"a request alone failed: {rec['status']} {rec['json'] or rec['error']}")
             if i >= 0:
                 firsts.append(1000 * (rec["first"] - rec["sent"]))
-    return firsts
+                steps.append(rec["server_ms"])
+    return {"first_ms": firsts, "steps_ms": steps}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,8 +266,11 @@ def run_config(model: Path, label: str, args, server_args: list) -> tuple[dict, 
         print(f"{label}: the server is up after {server.start_s:.1f} s (load and graph capture)", flush=True)
         try:
             if args.alone:
-                out["alone_server_ms"] = asyncio.run(one_at_a_time(server.url, mix, args.alone))
-                print(f"{label} alone through the server, first audio ms: {out['alone_server_ms']}", flush=True)
+                out["alone_server"] = {kind: asyncio.run(one_at_a_time(server.url, mix, args.alone, kind == "kept"))
+                                       for kind in ALONE_CONNECTIONS}
+                for kind, got in out["alone_server"].items():
+                    print(f"{label} alone through the server ({kind} connection), first audio ms: {got['first_ms']}",
+                          flush=True)
             for rate in args.rates:
                 summary, recs = asyncio.run(open_loop(server.url, mix, rate, args.duration, args.requests, exact, rng))
                 out["rates"].append({"rate": rate, **summary})
@@ -341,16 +348,25 @@ def table(results: list, args) -> str:
                          f"{_ms(r.get('first_audio_p95_ms'))} | {_ms(r.get('gap_p95_ms'))} | "
                          f"{r.get('underrun_requests', '-')} | {r.get('underrun_events', '-')} | "
                          f"{r['audio_s_per_s']:.1f} | {r['rejected_503']} | {h['queued']}, {h['running']}, {h['rows']} |")
-    alone = [c for c in results if "alone_server_ms" in c]
+    alone = [c for c in results if "alone_server" in c]
     if alone:
-        lines += ["", "One request at a time (first audio, ms):", "",
-                  "| model | requests | server p50 | in-process p50 | overhead p50 | server max | in-process max |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "One request at a time (first audio, ms), each on a new connection or all on one kept alive; "
+                  "the server's steps from its Server-Timing, and what is left outside them (the client, the "
+                  "connection, the server's reading of the request and writing of the first chunk):", "",
+                  "| model | connection | requests | server p50 | in-process p50 | overhead p50 | server max | "
+                  "in-process max | parse / submit / audio p50 | outside p50 |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for c in alone:
-            s, e = c["alone_server_ms"], c["alone_inprocess_ms"]
-            over = [a - b for a, b in zip(s, e)]
-            lines.append(f"| {c['label']} | {len(s)} | {percentile(s, 50):.1f} | {percentile(e, 50):.1f} | "
-                         f"{percentile(over, 50):.1f} | {max(s):.1f} | {max(e):.1f} |")
+            e = c["alone_inprocess_ms"]
+            for kind, got in c["alone_server"].items():
+                s, steps = got["first_ms"], got["steps_ms"]
+                over = [a - b for a, b in zip(s, e)]
+                split = " / ".join(f"{percentile([st.get(k, 0.0) for st in steps], 50):.2f}"
+                                   for k in ("parse", "submit", "audio"))
+                outside = percentile([a - sum(st.values()) for a, st in zip(s, steps)], 50)
+                lines.append(f"| {c['label']} | {kind} | {len(s)} | {percentile(s, 50):.1f} | "
+                             f"{percentile(e, 50):.1f} | {percentile(over, 50):.1f} | {max(s):.1f} | {max(e):.1f} | "
+                             f"{split} | {outside:.2f} |")
     lines += [""] + [f"Served: {c['serving']}." for c in results if c.get("serving")]
     lines += ["", f"Rates: Poisson arrivals for {args.duration:g} s each"
                   + (f" (at most {args.requests} requests)" if args.requests else "")

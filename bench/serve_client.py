@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 BYTES_PER_S = 48_000
 FRAME_BYTES = 3_840
 STARTED = re.compile(r" on http://(\S+):(\d+); API key")
@@ -83,11 +84,13 @@ class ServerProcess:
         return False
 
 
-def session():
-    """A client session with no connection limit and no overall timeout (a long sentence under load takes long)."""
+def session(keep_alive: bool = False):
+    """A client session with no connection limit and no overall timeout (a long sentence under load takes long):
+    a new connection for every request (as the nodes' remote client makes), or with `keep_alive` one connection
+    used again (as the OpenAI clients keep theirs)."""
     import aiohttp
 
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=not keep_alive),
                                  timeout=aiohttp.ClientTimeout(total=None, sock_read=600))
 
 
@@ -111,7 +114,8 @@ async def speech(client, url: str, body, *, stop_after: int | None = None, give_
     """One POST /v1/audio/speech, timed. `body`: a dict sent as JSON, or bytes sent as they are.
 
     Returns {sent, status, first (first body byte), chunks: [[arrival, bytes]] (one per HTTP chunk, at its last
-    byte), bytes, done (the body ended normally), error, json (an error's body), sha256}. `stop_after`: close the
+    byte), bytes, done (the body ended normally), error, json (an error's body), sha256, server_ms (the response's
+    Server-Timing: {step: ms})}. `stop_after`: close the
     connection once that many body bytes came (a client that leaves mid-stream). `give_up_s`: close it if the
     headers have not come by then (a client that leaves while its request waits). `rec`: a dict to fill in place,
     so a caller that cancels the call keeps what had come by then. `keep`: also return the body, as `pcm`."""
@@ -120,9 +124,11 @@ async def speech(client, url: str, body, *, stop_after: int | None = None, give_
 
     import aiohttp
 
+    from engine.serve.server_timing import parse_header
+
     rec = {} if rec is None else rec
     rec.update({"sent": time.perf_counter(), "status": None, "first": None, "chunks": [], "bytes": 0, "done": False,
-                "error": None, "json": None, "sha256": None, "pcm": None})
+                "error": None, "json": None, "sha256": None, "pcm": None, "server_ms": {}})
     data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
     digest, pending, kept = hashlib.sha256(), 0, []
     try:
@@ -130,6 +136,7 @@ async def speech(client, url: str, body, *, stop_after: int | None = None, give_
         resp = await (asyncio.wait_for(post, give_up_s) if give_up_s is not None else post)
         try:
             rec["status"] = resp.status
+            rec["server_ms"] = parse_header(resp.headers.get("Server-Timing"))
             if resp.status != 200:
                 rec["json"] = await resp.json(content_type=None)
                 rec["done"] = True

@@ -60,14 +60,19 @@ def test_bench_of_a_custom_voice_checkpoint(tiny_checkpoints, tmp_path, figure):
     s = c["saturation"]
     assert s["streams"] == 3 and s["audio_s_per_s"] > 0 and s["requests_finished"] > 0 and s["success_rate"] == 1.0
     assert s["health_after"]["running"] == 0 and s["health_after"]["rows"] == 0  # the cut streams were freed
-    assert len(c["alone_server_ms"]) == len(c["alone_inprocess_ms"]) == 2
-    assert min(c["alone_server_ms"] + c["alone_inprocess_ms"]) > 0
+    assert list(c["alone_server"]) == ["new", "kept"] and len(c["alone_inprocess_ms"]) == 2
+    for got in c["alone_server"].values():
+        assert len(got["first_ms"]) == 2 and min(got["first_ms"] + c["alone_inprocess_ms"]) > 0
+        # each alone request's Server-Timing: the server's steps, within the first audio the client saw
+        for first, steps in zip(got["first_ms"], got["steps_ms"]):
+            assert list(steps) == ["parse", "submit", "audio"] and 0 < sum(steps.values()) < first
+    assert "parse / submit / audio p50 | outside p50 |" in md and "| kept | 2 |" in md
     assert "--max-rows" in c["server_args"] and "4" in c["server_args"]  # passed through to the server
     assert f"| {tiny_checkpoints['custom_voice'].name} |" in md and "3 streams" in md and "not measured here" in md
     assert "111.9" in md and "32.8" in md
     figure(rate2_first_audio_p50_ms=round(c["rates"][0]["first_audio_p50_ms"], 1),
            saturation_audio_s_per_s=round(s["audio_s_per_s"], 2),
-           alone_overhead_ms=round(c["alone_server_ms"][0] - c["alone_inprocess_ms"][0], 1))
+           alone_overhead_ms=round(c["alone_server"]["new"]["first_ms"][0] - c["alone_inprocess_ms"][0], 1))
 
 
 def test_bench_of_a_base_checkpoint_with_a_saved_and_an_uploaded_voice(tiny_checkpoints, tmp_path):

@@ -112,6 +112,24 @@ def test_stream_sends_the_same_pcm_as_a_whole_response(custom):
     assert len(streamed) == 6 * FRAME * 2 and streamed == whole
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_response_says_how_long_each_step_of_the_server_took(custom, stream):
+    """Server-Timing: the handler's steps before the headers (parse, submit, audio: to the first chunk when streamed,
+    to the whole audio otherwise), in ms; together no longer than the client waited for the headers."""
+    import time
+
+    from engine.serve.server_timing import parse_header
+
+    t0 = time.perf_counter()
+    headers, _ = _ok(custom, **LINE, stream=stream)
+    waited_ms = 1000 * (time.perf_counter() - t0)
+    steps = parse_header(headers["server-timing"])
+    assert list(steps) == ["parse", "submit", "audio"], headers["server-timing"]
+    assert all(ms >= 0 for ms in steps.values()) and steps["audio"] > 0
+    assert sum(steps.values()) <= waited_ms
+    assert parse_header(None) == {} and parse_header("a;desc=x;dur=1.5, b") == {"a": 1.5}
+
+
 def test_the_audio_is_the_engines_for_that_seed(custom):
     """What the server sends is engine.generate's take for the same request and seed, to 16-bit rounding (the
     server streams, generate decodes whole: the codec's pieces round a little differently)."""
