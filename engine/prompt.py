@@ -6,7 +6,6 @@ then sliced by position, exactly as upstream does, so the first text token and t
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +14,7 @@ from . import checks
 from .config import ModelConfig
 from .content_key import content_key
 from .errors import InvalidInputError, ModeError
+from .kept import Kept
 from .transfer import device_longs, to_device
 from .voice import Voice
 
@@ -124,7 +124,7 @@ class PromptBuilder:
         # The ICL reference of a voice, as every prompt with that voice uses it (_reference): a server's requests
         # name a few saved voices again and again, and each made anew cost two host-to-device copies and ~20
         # launches in the request's path.
-        self._references: OrderedDict = OrderedDict()
+        self._references = Kept(VOICES_KEPT)
 
     def _device(self) -> torch.device:
         return self.talker.model.codec_embedding.weight.device
@@ -167,11 +167,7 @@ class PromptBuilder:
         if kept is None:
             ids = self._ids(_ref_template(voice.ref_text))[3:-2]
             bos = self._codec([self.cfg.talker.codec_bos_id])
-            kept = self._references[key] = (codes, ids, torch.cat([bos, self.frame_embeddings(codes)], 0))
-            if len(self._references) > VOICES_KEPT:
-                self._references.popitem(last=False)
-        else:
-            self._references.move_to_end(key)
+            kept = self._references.put(key, (codes, ids, torch.cat([bos, self.frame_embeddings(codes)], 0)))
         return kept
 
     def frame_embeddings(self, codes: torch.Tensor) -> torch.Tensor:

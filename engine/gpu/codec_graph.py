@@ -25,12 +25,12 @@ import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict
 
 import torch
 
 from ..codec.decoder import CodecDecoder, DecodeState
 from ..content_key import content_key
+from ..kept import Kept
 from .buckets import BATCH_BUCKETS, bucket_for
 from .capture import capture as capture_graph
 
@@ -72,7 +72,7 @@ class CodecGraphs:
         self.views: dict[tuple[int, int], DecodeState] = {}  # (bucket, rows) -> the view of its state's first rows
         self.view_graphs: dict[tuple[int, int, int], tuple] = {}  # (bucket, rows, frames) -> as in graphs
         self._places: dict[int, tuple[int, int]] = {}  # id of a shared state or view -> (bucket, rows)
-        self.prefixes: OrderedDict = OrderedDict()  # (bucket, reference key) -> state snapshot
+        self.prefixes = Kept(PREFIXES_KEPT)  # (bucket, reference key) -> state snapshot
         self._owners: dict[int, weakref.ref] = {}
         self.pools: dict[int, tuple] = {}  # a graph pool per bucket: the load captures its buckets side by side
         self._lock = threading.Lock()  # the bookkeeping that capture threads share
@@ -80,7 +80,6 @@ class CodecGraphs:
         self.late_captures = 0  # captures outside precapture(), i.e. while a request ran
         self.replays = 0
         self.eager_pieces = 0
-        self.prefix_hits = 0
         self.private_streams = 0  # streams that found their bucket's state busy and decoded eagerly
         self.failure: str | None = None  # first capture error; no capture is tried after one
         self._beside: _Beside | None = None  # precapture_beside's thread, until someone needs the graphs
@@ -91,6 +90,11 @@ class CodecGraphs:
         """Successful captures: one per (bucket, piece) and per (bucket, view, piece); a replayed piece never
         counts twice."""
         return len(self.graphs) + len(self.view_graphs)
+
+    @property
+    def prefix_hits(self) -> int:
+        """ICL reference states found kept rather than decoded again."""
+        return self.prefixes.hits
 
     def stats(self) -> dict:
         return {"captured": sorted(self.graphs), "views": sorted({k[:2] for k in self.view_graphs}),
@@ -322,14 +326,10 @@ class CodecGraphs:
         saved = self.prefixes.get(key)
         if saved is not None:
             state.restore(saved)
-            self.prefixes.move_to_end(key)
-            self.prefix_hits += 1
             return
         state.zero_()
         self.decode(codes.expand(bucket, -1, -1).to(self._device()), state)
-        self.prefixes[key] = state.snapshot()
-        if len(self.prefixes) > PREFIXES_KEPT:
-            self.prefixes.popitem(last=False)
+        self.prefixes.put(key, state.snapshot())
 
     @torch.inference_mode()
     def one_row_prefix(self, ref_codes: torch.Tensor) -> list[torch.Tensor]:
@@ -339,12 +339,7 @@ class CodecGraphs:
         key = (1, content_key(ref_codes))
         saved = self.prefixes.get(key)
         if saved is None:
-            saved = self.prefixes[key] = self.decoder.state_after(ref_codes).buffers()
-            if len(self.prefixes) > PREFIXES_KEPT:
-                self.prefixes.popitem(last=False)
-        else:
-            self.prefixes.move_to_end(key)
-            self.prefix_hits += 1
+            saved = self.prefixes.put(key, self.decoder.state_after(ref_codes).buffers())
         return saved
 
     @torch.inference_mode()

@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import VoiceError
+from ..kept import Kept
 
 VOICE_SUFFIX = ".safetensors"
-VOICES_KEPT = 64  # saved voices kept read (the oldest read dropped first)
+VOICES_KEPT = 64  # saved voices kept read (the least recently used dropped first)
 # A voice is named by its file's stem, by the rule SaveVoice names files with: letters, digits, blanks, dots,
 # dashes, underscores. No separator can appear, so a request cannot reach a file outside the voices folder.
 _VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.\-]{0,99}")
@@ -30,7 +31,7 @@ class ServedModel:
     created: int = field(default_factory=lambda: int(time.time()))
     # Saved voices read and checked, by file: (modification time, size, Voice). A request naming a voice finds it
     # here while its file is unchanged, instead of reading and checking the file in the request's path.
-    _loaded: dict = field(default_factory=dict, repr=False)
+    _loaded: Kept = field(default_factory=lambda: Kept(VOICES_KEPT), repr=False)
 
     @classmethod
     def of(cls, engine, max_takes: int, voices_dir: Path | None = None) -> ServedModel:
@@ -75,10 +76,7 @@ class ServedModel:
             return kept[2]
         voice = Voice.load(path)
         self.check_voice(voice)
-        self._loaded.pop(path, None)  # a file saved anew replaces its old entry, not the oldest one
-        if len(self._loaded) >= VOICES_KEPT:
-            self._loaded.pop(next(iter(self._loaded)))
-        self._loaded[path] = (stat.st_mtime_ns, stat.st_size, voice)
+        self._loaded.put(path, (stat.st_mtime_ns, stat.st_size, voice))  # a file saved anew replaces its own entry
         return voice
 
     def card(self) -> dict:

@@ -257,3 +257,17 @@ def test_one_request_or_a_list_and_nothing_else(custom):
     one = custom.generate(req(), takes=2, seed=4, params=params)
     listed = custom.generate([BatchItem(req(), takes=2, seed=4)], params=params)
     assert len(listed) == 1 and torch.equal(listed[0].audio, one.audio)
+
+
+def test_kept_values_drop_the_least_recently_used_and_replace_their_own_key():
+    from engine.kept import Kept
+
+    kept = Kept(2)
+    assert kept.put("a", 1) == 1 and kept.put("b", 2) == 2 and kept.get("missing") is None and kept.hits == 0
+    assert kept.get("a") == 1 and kept.hits == 1  # "a" is now the most recently used
+    kept.put("c", 3)
+    assert "b" not in kept and kept.get("a") == 1 and len(kept) == 2
+    kept.put("a", 10)  # its own entry replaced, nothing else dropped
+    assert kept.get("a") == 10 and kept.get("c") == 3 and len(kept) == 2
+    kept.clear()
+    assert len(kept) == 0 and kept.get("a", "none") == "none"

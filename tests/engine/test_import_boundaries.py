@@ -116,6 +116,7 @@ LAYER_OF = {
     "engine.errors": "base", "engine.checks": "base", "engine.config": "base", "engine.config_fields": "base",
     "engine.sampling": "base", "engine.limits": "base", "engine.files": "base", "engine.transfer": "base",
     "engine.content_key": "base",
+    "engine.kept": "base",
     "engine.kernels": "kernels",
     "engine.model": "model", "engine.codec": "model", "engine.checkpoint": "model", "engine.audio": "model",
     "engine.voice": "model", "engine.voice_blend": "model", "engine.prompt": "model",
