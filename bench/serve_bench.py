@@ -136,9 +136,12 @@ async def open_loop(url: str, mix: Mix, rate: float, duration: float, max_reques
     return out, recs
 
 
-async def closed_loop(url: str, mix: Mix, streams: int, seconds: float, exact: bool) -> tuple[dict, list]:
+async def closed_loop(url: str, mix: Mix, streams: int, seconds: float, exact: bool,
+                      loop_cpu_s=lambda: None) -> tuple[dict, list]:
     """`streams` clients, each sending its next request as its last ends, for `seconds`; the requests still
-    running then are closed, and the audio that came by then counts."""
+    running then are closed, and the audio that came by then counts. `loop_cpu_s()`: the server's event loop's
+    CPU seconds so far (ServerProcess.loop_cpu_s), read at both ends of the window: how busy the loop was, and
+    its CPU time per HTTP chunk sent."""
     recs, counter = [], iter(range(1 << 30))
 
     async def client_loop(client):
@@ -151,10 +154,10 @@ async def closed_loop(url: str, mix: Mix, streams: int, seconds: float, exact: b
                 await asyncio.sleep(1.0)  # Retry-After: 1
 
     async with session() as client:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), loop_cpu_s()
         tasks = [asyncio.create_task(client_loop(client)) for _ in range(streams)]
         await asyncio.sleep(seconds)
-        end = time.perf_counter()
+        end, cpu1 = time.perf_counter(), loop_cpu_s()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -166,6 +169,10 @@ async def closed_loop(url: str, mix: Mix, streams: int, seconds: float, exact: b
         out.update(streams=streams, requests_finished=len(finished),
                    failed_other=sum(r["status"] not in (200, 503) or r["error"] is not None for r, _ in finished),
                    success_rate=sum(_ok(r, f, exact) for r, f in finished) / max(1, len(finished)))
+        if cpu0 is not None and cpu1 is not None:
+            chunks = sum(t0 <= t <= end for r, _ in recs for t, _ in r["chunks"])
+            out.update(loop_busy=(cpu1 - cpu0) / (end - t0), loop_ms_per_chunk=1000 * (cpu1 - cpu0) / max(1, chunks),
+                       chunks=chunks)
         out["health_after"] = await wait_idle(client, url)
     return out, recs
 
@@ -277,7 +284,8 @@ def run_config(model: Path, label: str, args, server_args: list) -> tuple[dict, 
                 records.append({"label": label, "phase": f"rate {rate}", "requests": _plain(recs)})
                 print(f"{label} {rate}/s: {json.dumps(_brief(summary))}", flush=True)
             if args.saturation:
-                summary, recs = asyncio.run(closed_loop(server.url, mix, args.saturation, args.saturation_s, exact))
+                summary, recs = asyncio.run(closed_loop(server.url, mix, args.saturation, args.saturation_s, exact,
+                                                        server.loop_cpu_s))
                 out["saturation"] = summary
                 records.append({"label": label, "phase": f"saturation {args.saturation}", "requests": _plain(recs)})
                 print(f"{label} saturation: {json.dumps(_brief(summary))}", flush=True)
@@ -348,6 +356,16 @@ def table(results: list, args) -> str:
                          f"{_ms(r.get('first_audio_p95_ms'))} | {_ms(r.get('gap_p95_ms'))} | "
                          f"{r.get('underrun_requests', '-')} | {r.get('underrun_events', '-')} | "
                          f"{r['audio_s_per_s']:.1f} | {r['rejected_503']} | {h['queued']}, {h['running']}, {h['rows']} |")
+    loops = [c for c in results if "loop_busy" in c.get("saturation", {})]
+    if loops:
+        lines += ["", "The server's event loop while saturated (its main thread's CPU time from /proc: HTTP, the "
+                  "chunks' conversion to PCM and their writes; with --ray also the replicas' streamed responses). "
+                  "A second GPU's chunks pass through this one loop too:", "",
+                  "| model | HTTP chunks sent | loop busy | loop CPU ms per chunk |", "|---|---|---|---|"]
+        for c in loops:
+            r = c["saturation"]
+            lines.append(f"| {c['label']} | {r['chunks']} | {100 * r['loop_busy']:.0f}% | "
+                         f"{r['loop_ms_per_chunk']:.3f} |")
     alone = [c for c in results if "alone_server" in c]
     if alone:
         lines += ["", "One request at a time (first audio, ms), each on a new connection or all on one kept alive; "

@@ -63,6 +63,15 @@ class ServerProcess:
             raise RuntimeError(f"the server did not start ({' '.join(cmd)}):\n" + self.log(40))
         self.start_s = time.perf_counter() - t0  # process start, imports, load and graph capture
 
+    def loop_cpu_s(self) -> float | None:
+        """CPU seconds the server's main thread (its asyncio event loop: HTTP, the chunks' conversion and writes)
+        has used so far, from /proc (None where there is none)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
     def log(self, last: int = 400) -> str:
         return "\n".join(list(self.lines)[-last:])
 

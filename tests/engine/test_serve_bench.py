@@ -60,6 +60,9 @@ def test_bench_of_a_custom_voice_checkpoint(tiny_checkpoints, tmp_path, figure):
     s = c["saturation"]
     assert s["streams"] == 3 and s["audio_s_per_s"] > 0 and s["requests_finished"] > 0 and s["success_rate"] == 1.0
     assert s["health_after"]["running"] == 0 and s["health_after"]["rows"] == 0  # the cut streams were freed
+    # the server's event loop while saturated: busy for part of the window, some CPU for every chunk it sent
+    assert s["chunks"] > 0 and 0 < s["loop_busy"] < 1.5 and s["loop_ms_per_chunk"] > 0
+    assert "| loop CPU ms per chunk |" in md
     assert list(c["alone_server"]) == ["new", "kept"] and len(c["alone_inprocess_ms"]) == 2
     for got in c["alone_server"].values():
         assert len(got["first_ms"]) == 2 and min(got["first_ms"] + c["alone_inprocess_ms"]) > 0
