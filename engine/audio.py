@@ -195,17 +195,26 @@ def _read(fh, size: int, path, max_seconds: float | None) -> tuple[np.ndarray, i
 
 def pcm16(samples) -> np.ndarray:
     """Samples [T] or [C, T] (float, nominally in [-1, 1]; numpy or torch) as int16 [C, T]: scaled by 32768,
-    rounded and clipped, so a 16-bit file read with `load_wav` and written again is bit-identical."""
+    rounded and clipped, so a 16-bit file read with `load_wav` and written again is bit-identical. float32 samples
+    (the engine's audio) stay float32: scaling by a power of two is exact, so they round as in float64, with no
+    copy to float64 (a server converts every chunk it streams)."""
     if isinstance(samples, torch.Tensor):
-        samples = samples.detach().to("cpu", torch.float64).numpy()
-    x = np.asarray(samples, dtype=np.float64)
+        samples = samples.detach().cpu()
+        samples = samples.numpy() if samples.dtype in (torch.float32, torch.float64) else samples.double().numpy()
+    x = np.asarray(samples)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
     if x.ndim == 1:
         x = x[None]
     if x.ndim != 2:
         raise InvalidInputError(f"audio samples must be shaped [T] or [C, T], got shape {tuple(x.shape)}.")
     if not np.isfinite(x).all():
         raise InvalidInputError("the audio contains NaN or Inf values; nothing was written.")
-    return np.clip(np.rint(x * 32768.0), -32768, 32767).astype("<i2")
+    y = np.clip(x, -2.0, 2.0)  # any sample past ±1 ends at the ends anyway; this one cannot overflow below
+    y *= 32768.0
+    np.rint(y, out=y)
+    np.clip(y, -32768, 32767, out=y)
+    return y.astype("<i2")
 
 
 def wav_bytes(samples, sr: int) -> bytes:

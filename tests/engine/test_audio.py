@@ -166,3 +166,25 @@ def test_prepare_reference():
     y = prepare_reference(x, 48000)
     assert y.shape == (48000,) and y.dtype == torch.float32
     assert abs(y.abs().max().item() - 0.5) < 1e-3  # no normalisation
+
+
+def test_pcm16_of_float32_rounds_as_in_float64():
+    """The engine's float32 audio goes to 16 bits without a float64 copy: scaling by 32768 is exact in float32, so
+    every sample rounds and clips as the float64 formula does (half-way cases, tiny and huge values, both ends)."""
+    from engine.audio import pcm16
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(50_000, generator=gen) * scale for scale in (1e-4, 0.3, 1.0, 3.0)])
+    steps = torch.arange(-40, 40, dtype=torch.float32) / 2 / 32768  # every half step near zero
+    edges = torch.tensor([32767.5 / 32768, -32768.5 / 32768, 1.0, -1.0, 1e-42, -1e-42, 3e38, -3e38])
+    x = torch.cat([x, steps, edges]).float()
+    reference = np.clip(np.rint(x.double().numpy() * 32768.0), -32768, 32767).astype("<i2")[None]
+    for samples in (x, x.numpy()):
+        got = pcm16(samples)
+        assert got.dtype == np.dtype("<i2") and got.shape == (1, x.numel()) and np.array_equal(got, reference)
+    half = x.bfloat16()  # other float dtypes still go through float64
+    assert np.array_equal(pcm16(half), np.clip(np.rint(half.double().numpy() * 32768.0), -32768, 32767)
+                          .astype("<i2")[None])
+    assert np.array_equal(pcm16(x.double()), reference)
+    with pytest.raises(InvalidInputError, match="NaN"):
+        pcm16(torch.tensor([0.0, float("nan")]))
