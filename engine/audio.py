@@ -210,7 +210,7 @@ def pcm16(samples) -> np.ndarray:
         raise InvalidInputError(f"audio samples must be shaped [T] or [C, T], got shape {tuple(x.shape)}.")
     if not np.isfinite(x).all():
         raise InvalidInputError("the audio contains NaN or Inf values; nothing was written.")
-    y = np.clip(x, -2.0, 2.0)  # any sample past ±1 ends at the ends anyway; this one cannot overflow below
+    y = np.clip(x, -2.0, 2.0)  # past ±1 a sample clips to the same end; bounded, the scaling cannot overflow
     y *= 32768.0
     np.rint(y, out=y)
     np.clip(y, -32768, 32767, out=y)
