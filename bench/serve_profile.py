@@ -106,11 +106,12 @@ def mark_phases(engine) -> None:
     runner, dev = engine.runner, engine.device
     runner.next_frame = PHASE_TIMES.marked("frames", runner.next_frame, dev)
     runner.admit = PHASE_TIMES.marked("admit", runner.admit, dev)
-    session = codec_session.CodecSession
     for name in ("push", "admit"):  # the codec's work in the loop: each chunk's decode, each admitted row's start
-        if not getattr(getattr(session, name), "marked", False):  # once a process, over several configs
-            setattr(session, name, PHASE_TIMES.marked("codec", getattr(session, name), dev))
-            getattr(session, name).marked = True
+        fn = getattr(codec_session.CodecSession, name)
+        if not getattr(fn, "marked", False):  # once a process, over several configs
+            fn = PHASE_TIMES.marked("codec", fn, dev)
+            fn.marked = True
+            setattr(codec_session.CodecSession, name, fn)
 
 
 def sentences(voice=None) -> list:
@@ -118,10 +119,8 @@ def sentences(voice=None) -> list:
     checkpoint) ICL clones of it."""
     from engine import Request
 
-    if voice is None:
-        return [(Request(mode="custom", text=text, language=lang, speaker=SPEAKER), frames)
-                for lang, text, frames in script()]
-    return [(Request(mode="clone", text=text, language=lang, voice=voice), frames) for lang, text, frames in script()]
+    who = {"mode": "custom", "speaker": SPEAKER} if voice is None else {"mode": "clone", "voice": voice}
+    return [(Request(text=text, language=lang, **who), frames) for lang, text, frames in script()]
 
 
 def submit(scheduler, engine, mix: list, n: int, first: int):
@@ -223,8 +222,8 @@ def run_config(model: Path, label: str, args) -> dict:
     engine = Engine.load(model, max_takes=args.rows, warm_takes=args.rows, **load)
     mark_phases(engine)
     mix = sentences(voice)
-    out = {"label": label, "model": str(model), "mode": mix[0][0].mode, "engine": engine.info.summary(), "rows": args.rows,
-           "streams": args.streams, "boundary_frames": args.boundary_frames,
+    out = {"label": label, "model": str(model), "mode": mix[0][0].mode, "engine": engine.info.summary(),
+           "rows": args.rows, "streams": args.streams, "boundary_frames": args.boundary_frames,
            "first_chunk_frames": args.first_chunk_frames}
     with Scheduler(engine, max_rows=args.rows, max_queue=max(64, 2 * args.streams),
                    chunk_frames=args.boundary_frames) as s:

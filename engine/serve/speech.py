@@ -58,17 +58,18 @@ async def _whole(model_id: str, job: Speech, ticket, times: StepTimes) -> web.Re
         parts[chunk.take].append(chunk.audio)
         codes[chunk.take].append(chunk.codes)
     times.mark("audio")
+    timing = times.header()
     takes = [torch.cat(p).numpy() if p else torch.zeros(0).numpy() for p in parts]
     if job.response_format == "json":
         frames = [torch.cat(c) if c else torch.zeros(0, 16, dtype=torch.long) for c in codes]
         return web.json_response(takes_json(model_id, job.seed, job.first_take, takes, job.sample_format, frames),
-                                 headers=times.header())
+                                 headers=timing)
     if job.sample_format == "f32":
         return web.Response(body=f32_bytes(takes[0]), content_type=CONTENT_TYPES["pcm"],
-                            headers={**F32_HEADERS, **times.header()})
+                            headers={**F32_HEADERS, **timing})
     headers = PCM_HEADERS if job.response_format == "pcm" else {}
     return web.Response(body=encode(job.response_format, takes[0]), content_type=CONTENT_TYPES[job.response_format],
-                        headers={**headers, **times.header()})
+                        headers={**headers, **timing})
 
 
 async def _stream(request: web.Request, ticket, times: StepTimes, sample_format: str = "s16") -> web.StreamResponse:
